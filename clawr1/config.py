@@ -1,0 +1,320 @@
+"""One typed config tree for every loop.
+
+A recipe is a YAML file whose keys mirror `Config` below. Every default lives in
+this file. A YAML file may `include:` another (path relative to itself) and
+override parts of it; the command line adds dotted overrides such as
+`trainer.lr=1e-5`. Unknown keys are errors, not silently ignored.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+@dataclass
+class RunConfig:
+    dir: str = ""  # everything a run writes lands here; empty: runs/<recipe>-<time> (clawr1 run)
+    seed: int = 0
+    max_steps: int = 8  # trainer steps; each one publishes a weight version
+    startup_timeout_s: float = 300.0  # how long `clawr1 run` waits for a loop to become ready
+    stop_timeout_s: float = 20.0  # SIGTERM grace before SIGKILL
+
+
+@dataclass
+class TinyModelConfig:
+    """The tiny Qwen2-architecture model `clawr1 init-model` builds and warm-starts."""
+
+    vocab_size: int = 1024
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 384
+    max_position_embeddings: int = 1024
+    rope_theta: float = 10000.0
+    sft_steps: int = 900
+    sft_batch_size: int = 32
+    sft_lr: float = 6e-3
+    sft_examples: int = 6000
+    seed: int = 1234
+
+
+@dataclass
+class ModelConfig:
+    path: str = ""  # an HF model directory; empty means the tiny model (built on first use)
+    cache_dir: str = "~/.cache/clawr1"  # where the tiny model is cached
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+
+
+@dataclass
+class ServeConfig:
+    backend: str = "embedded"  # embedded | sglang
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: `clawr1 run` picks a free port
+    num_threads: int = 1  # torch threads for the embedded engine
+    max_running_requests: int = 32
+    dtype: str = "float32"
+
+
+@dataclass
+class GatewayConfig:
+    host: str = "127.0.0.1"
+    port: int = 0
+    engine_urls: list[str] = field(default_factory=list)  # empty: the run's own engine
+    session_ttl_s: float = 900.0
+    max_sessions: int = 4096
+    max_request_bytes: int = 1_000_000
+    max_prompt_tokens: int = 4096
+    default_max_tokens: int = 256
+    judge_queue_size: int = 4096  # bounded queue of TurnRecords waiting for the judge
+    api_key_env: str = "CLAWR1_API_KEY"  # name of the environment variable holding the key
+    api_key_file: str = ""  # or a file holding it
+    model_name: str = "clawr1-policy"
+
+
+@dataclass
+class RolloutConfig:
+    env: str = "envs.personal.env:PersonalEnv"  # import path of the environment class
+    env_args: dict[str, Any] = field(default_factory=dict)  # passed to the environment
+    concurrency: int = 8  # simulated users / episodes in flight
+    max_tokens: int = 48
+    temperature: float = 1.0
+    top_p: float = 1.0
+    # start new episodes only while the pool holds fewer pending samples than this (0: no bound, as for
+    # live traffic); keeps synthetic rollout from running far ahead of the trainer
+    max_pool_backlog: int = 0
+    eval_every: int = 0  # evaluate held-out tasks every k weight versions (0: never)
+    eval_size: int = 32
+    request_timeout_s: float = 120.0
+
+
+@dataclass
+class JudgeConfig:
+    backend: str = "rules"  # rules | llm | env
+    host: str = "127.0.0.1"
+    port: int = 0  # gateway -> judge TurnRecords (PUSH/PULL)
+    teacher: str = "policy"  # policy (self-distillation) | frozen | none
+    teacher_url: str = ""  # frozen teacher engine; empty: the run's own engine
+    concurrency: int = 8
+    # a next user message matching any of these says the turn was wrong (score -1)
+    correction_patterns: list[str] = field(
+        default_factory=lambda: [r"^\s*no\b", r"\bi asked\b", r"\bwrong\b", r"\bnot what\b", r"\bagain\b"]
+    )
+    # sentences matching these say what to do instead; they become the hint (and also score -1)
+    directive_patterns: list[str] = field(
+        default_factory=lambda: [r"\bplease\b", r"\binstead\b", r"\bi want\b", r"\bi prefer\b", r"\bdon't\b",
+                                 r"\bdo not\b", r"\bshould\b", r"\bmust\b", r"\bneed to\b"]
+    )
+    max_hint_chars: int = 400
+
+
+@dataclass
+class PoolConfig:
+    host: str = "127.0.0.1"
+    samples_port: int = 0  # judge -> pool (acked once durable)
+    batches_port: int = 0  # trainer <-> pool
+    batch_size: int = 16
+    max_staleness: int = 4  # drop samples whose oldest token is older than this many versions
+    fsync: bool = True
+    max_pending: int = 100_000  # refuse (nack) new samples beyond this backlog
+
+
+@dataclass
+class TrainerConfig:
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    grad_clip: float = 1.0
+    max_tokens_per_microbatch: int = 4096
+    num_threads: int = 1
+    tensor_parallel: int = 1
+    host: str = "127.0.0.1"
+    publish_port: int = 0  # PUB socket announcing WeightsPublished
+    keep_weight_versions: int = 2  # how many published weight directories stay on disk
+    checkpoint_every: int = 0  # 0: never
+    batch_wait_timeout_s: float = 600.0  # fail loudly if no batch arrives for this long
+
+
+@dataclass
+class AlgoConfig:
+    w_rl: float = 1.0
+    w_opd: float = 1.0
+    eps_clip_low: float = 0.2
+    eps_clip_high: float = 0.28
+    temperature: float = 1.0  # must equal the sampling temperature the log-probs were taken at
+
+
+@dataclass
+class TrackingConfig:
+    wandb_mode: str = "offline"  # offline | online | disabled; the key comes from WANDB_API_KEY
+    project: str = "clawr1"
+    entity: str = ""
+    name: str = ""
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    pool: PoolConfig = field(default_factory=PoolConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    # ---- derived addresses, so every loop finds every other from the same tree ----
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.dir).expanduser()
+
+    @property
+    def engine_url(self) -> str:
+        return f"http://{self.serve.host}:{self.serve.port}"
+
+    @property
+    def engine_urls(self) -> list[str]:
+        return list(self.gateway.engine_urls) or [self.engine_url]
+
+    @property
+    def gateway_url(self) -> str:
+        return f"http://{self.gateway.host}:{self.gateway.port}"
+
+    @property
+    def pool_samples_addr(self) -> str:
+        return f"tcp://{self.pool.host}:{self.pool.samples_port}"
+
+    @property
+    def pool_batches_addr(self) -> str:
+        return f"tcp://{self.pool.host}:{self.pool.batches_port}"
+
+    @property
+    def publish_addr(self) -> str:
+        return f"tcp://{self.trainer.host}:{self.trainer.publish_port}"
+
+    @property
+    def judge_turns_addr(self) -> str:
+        return f"tcp://{self.judge.host}:{self.judge.port}"
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not fit the tree."""
+
+
+def _convert(value: Any, annotation: Any, where: str) -> Any:
+    origin = typing.get_origin(annotation)
+    if dataclasses.is_dataclass(annotation):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        return _build(annotation, value, where)
+    if annotation is Any:
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        (item_type,) = typing.get_args(annotation) or (Any,)
+        return [_convert(v, item_type, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        return dict(value)
+    if annotation is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if annotation is float and isinstance(value, str):  # YAML 1.1 reads "1e-5" as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if annotation in (int, float, str, bool):
+        if not isinstance(value, annotation) or (annotation is int and isinstance(value, bool)):
+            raise ConfigError(f"{where}: expected {annotation.__name__}, got {value!r}")
+        return value
+    return value
+
+
+def _build(cls: type, data: dict, where: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"unknown config key(s) {', '.join((where + '.' if where else '') + k for k in unknown)}")
+    kwargs = {k: _convert(v, hints[k], f"{where}.{k}" if where else k) for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    include = data.pop("include", None)
+    if include:
+        data = _deep_merge(_read_yaml((path.parent / include).resolve()), data)
+    return data
+
+
+def parse_override(text: str) -> dict:
+    """`a.b.c=value` -> {"a": {"b": {"c": value}}}, the value parsed as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not of the form key.path=value")
+    key, raw = text.split("=", 1)
+    value = yaml.safe_load(raw) if raw != "" else ""
+    out: dict = {}
+    node = out
+    parts = key.strip().split(".")
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+    node[parts[-1]] = value
+    return out
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> Config:
+    data = _read_yaml(Path(path)) if path else {}
+    for o in overrides or []:
+        data = _deep_merge(data, parse_override(o))
+    return _build(Config, data)
+
+
+def to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: Config, path: str | os.PathLike) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def assign_free_ports(cfg: Config) -> Config:
+    """Give every port left at 0 a free one, so a whole run can start on a busy machine."""
+    for section, name in [
+        (cfg.serve, "port"), (cfg.gateway, "port"), (cfg.pool, "samples_port"),
+        (cfg.pool, "batches_port"), (cfg.trainer, "publish_port"), (cfg.judge, "port"),
+    ]:
+        if getattr(section, name) == 0:
+            setattr(section, name, free_port())
+    return cfg

@@ -1,0 +1,170 @@
+"""`clawr1 judge`: TurnRecords in, Samples out.
+
+Each main turn with a next state gets a verdict (score and/or hint). A hint
+earns teacher log-probs on the exact sampled response. A turn with neither
+signal is counted and dropped. Samples go to the pool and are retried until the
+pool acknowledges them as durable. At most `judge.concurrency` turns are judged
+at once; the rest wait in the socket's bounded queue, and the backlog is
+reported.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from typing import Optional
+
+from clawr1 import bus, protocol
+from clawr1.config import Config
+from clawr1.gateway.chat_template import ChatRenderer
+from clawr1.judge.rules import RulePatterns, Verdict, judge_rules
+from clawr1.judge.teacher import Teacher
+from clawr1.protocol import Ack, Sample, TurnRecord
+from clawr1.serving.client import EngineClient
+
+log = logging.getLogger("clawr1.judge")
+
+
+def make_sample(record: TurnRecord, verdict: Verdict, teacher_logprobs: Optional[list[float]],
+                teacher_version: Optional[int]) -> Sample:
+    n = len(record.response_ids)
+    sid = f"{record.session_id}/{record.segment}/{record.turn_index}"
+    return Sample(
+        sample_id=sid, group_id=record.group_id or sid, tokens=record.prompt_ids + record.response_ids,
+        prompt_len=len(record.prompt_ids), loss_mask=[1] * n, rollout_logprobs=record.rollout_logprobs,
+        versions=record.versions, reward=verdict.score, teacher_logprobs=teacher_logprobs,
+        teacher_version=teacher_version, hint=verdict.hint, votes=verdict.votes, session_id=record.session_id,
+        turn_index=record.turn_index, created_at=time.time(),
+    )
+
+
+class Judge:
+    def __init__(self, cfg: Config, tokenizer):
+        self.cfg = cfg
+        self.patterns = RulePatterns.compile(cfg.judge.correction_patterns, cfg.judge.directive_patterns)
+        self.renderer = ChatRenderer(tokenizer)
+        self.teacher: Optional[Teacher] = None
+        if cfg.judge.teacher != "none":
+            url = cfg.judge.teacher_url if cfg.judge.teacher == "frozen" else cfg.engine_urls[0]
+            if not url:
+                raise ValueError("judge.teacher=frozen needs judge.teacher_url (an engine serving the frozen weights)")
+            self.teacher = Teacher(EngineClient(url), self.renderer)
+        self.pool = bus.AsyncRpcClient(cfg.pool_samples_addr, timeout_s=30.0)
+        self.counts: Counter = Counter()
+        self.latency_sum = 0.0
+        self.version = 0
+        self.inflight = 0
+
+    async def handle(self, record: TurnRecord) -> None:
+        t0 = time.monotonic()
+        verdict = judge_rules(record, self.patterns, self.cfg.judge.max_hint_chars) if record.main else Verdict(None)
+        teacher_lp, teacher_version = None, None
+        if verdict.hint and self.teacher is not None and record.response_ids:
+            teacher_lp, teacher_version = await self.teacher.logprobs(record.prompt_ids, record.response_ids, verdict.hint)
+            self.version = max(self.version, teacher_version or 0)
+        self.counts["judged"] += 1
+        self.counts[f"score_{'none' if verdict.score is None else int(verdict.score)}"] += 1
+        if verdict.score is None and teacher_lp is None:
+            self.counts["dropped_no_signal"] += 1
+            return
+        self.counts["with_hint"] += teacher_lp is not None
+        await self.send(make_sample(record, verdict, teacher_lp, teacher_version))
+        self.latency_sum += time.monotonic() - t0
+
+    async def send(self, sample: Sample) -> None:
+        """Deliver to the pool; return once it is durable there (retries are idempotent)."""
+        delay = 0.2
+        while True:
+            try:
+                ack = await self.pool.call(sample)
+            except bus.BusTimeout:
+                log.warning("pool did not acknowledge %s in time; retrying", sample.sample_id)
+                continue
+            if isinstance(ack, Ack) and ack.ok:
+                self.counts["samples_sent"] += 1
+                return
+            error = getattr(ack, "error", str(ack))
+            if "retry" not in error:
+                self.counts["samples_refused"] += 1
+                log.error("pool refused sample %s: %s", sample.sample_id, error)
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    def report(self) -> dict:
+        sent = self.counts["samples_sent"]
+        return {
+            **{k: v for k, v in self.counts.items()}, "inflight": self.inflight,
+            "hint_rate": self.counts["with_hint"] / max(self.counts["judged"], 1),
+            "mean_latency_s": self.latency_sum / max(sent, 1),
+        }
+
+
+async def serve(cfg: Config, judge: Judge, stop: asyncio.Event, on_ready=None) -> None:
+    from clawr1.tracking import MetricsWriter
+
+    pull = bus.pull_socket(cfg.judge_turns_addr, asyncio=True)
+    slots = asyncio.Semaphore(cfg.judge.concurrency)
+    metrics = MetricsWriter(cfg.run_dir, "judge")
+    tasks: set[asyncio.Task] = set()
+    last_report = time.monotonic()
+    if on_ready:
+        on_ready()
+
+    async def run_one(record: TurnRecord) -> None:
+        try:
+            await judge.handle(record)
+        except Exception:
+            judge.counts["errors"] += 1
+            log.exception("judging %s/%d failed", record.session_id, record.turn_index)
+        finally:
+            judge.inflight -= 1
+            slots.release()
+
+    while not stop.is_set():
+        if time.monotonic() - last_report > 5:
+            metrics.log(judge.report(), step=judge.version)
+            last_report = time.monotonic()
+        if not await pull.poll(200):
+            continue
+        await slots.acquire()  # beyond `concurrency`, records wait in the socket's bounded queue
+        try:
+            record = protocol.decode(await pull.recv_multipart())
+        except protocol.SchemaMismatch as e:
+            slots.release()
+            judge.counts["bad_records"] += 1
+            log.error("dropped a message that is not a TurnRecord: %s", e)
+            continue
+        judge.counts["received"] += 1
+        judge.inflight += 1
+        task = asyncio.create_task(run_one(record))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    if tasks:
+        await asyncio.wait(tasks, timeout=30)
+    metrics.log(judge.report(), step=judge.version)
+    pull.close(0)
+
+
+def main(cfg: Config) -> int:
+    from clawr1.runtime import mark_ready, setup_logging
+    from clawr1.tinymodel.build import resolve_model_path
+    from transformers import AutoTokenizer
+
+    setup_logging("judge")
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(cfg.model))
+    judge = Judge(cfg, tokenizer)
+
+    async def run() -> None:
+        import signal
+
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(cfg, judge, stop, on_ready=lambda: mark_ready(cfg, "judge"))
+
+    asyncio.run(run())
+    log.info("judge stopped: %s", dict(judge.counts))
+    return 0

@@ -1,0 +1,78 @@
+"""The `rules` judge: scores and hints from the next state, with no model.
+
+- explicit feedback score -> its sign;
+- an environment outcome -> its reward, and its text as the hint when negative;
+- a user reply that corrects ("No. Please put the answer in <ans> tags.") -> -1,
+  the directive sentences as the hint;
+- a user reply that re-asks the same question -> -1, no hint;
+- a tool reply with an error -> -1, the error as the hint;
+- a user reply that moves on -> +1.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Optional
+
+from clawr1.protocol import TurnRecord
+
+TOOL_ERROR = re.compile(r"\b(error|exception|traceback|failed|not found|no such file|invalid)\b", re.I)
+_SENTENCE = re.compile(r"[^.!?\n]+[.!?]?")
+
+
+@dataclass
+class Verdict:
+    score: Optional[float]  # None: no evaluative signal
+    hint: str = ""
+    votes: list[int] = field(default_factory=list)
+    reason: str = ""
+
+
+def directive_sentences(text: str, patterns: list[re.Pattern], min_words: int = 3) -> str:
+    """The sentences of `text` that match a correction pattern and say something (>= min_words words)."""
+    picked = [s.strip() for s in _SENTENCE.findall(text)
+              if any(p.search(s) for p in patterns) and len(s.split()) >= min_words]
+    return " ".join(picked)
+
+
+def _last_user_text(record: TurnRecord) -> str:
+    return next((str(m.get("content") or "") for m in reversed(record.messages) if m.get("role") == "user"), "")
+
+
+def _is_reask(next_text: str, previous_question: str) -> bool:
+    q = previous_question.strip()
+    return len(q) > 8 and q in next_text
+
+
+@dataclass
+class RulePatterns:
+    corrections: list[re.Pattern]
+    directives: list[re.Pattern]
+
+    @classmethod
+    def compile(cls, corrections: list[str], directives: list[str]) -> "RulePatterns":
+        return cls([re.compile(p, re.I) for p in corrections], [re.compile(p, re.I) for p in directives])
+
+
+def judge_rules(record: TurnRecord, patterns: RulePatterns, max_hint_chars: int = 400) -> Verdict:
+    ns = record.next_state
+    if ns is None or ns.kind == "none":
+        return Verdict(None, reason="no next state")
+    if ns.score is not None:
+        return Verdict(float((ns.score > 0) - (ns.score < 0)), hint=ns.text[:max_hint_chars] if ns.score < 0 else "",
+                       reason="explicit feedback")
+    if ns.kind == "outcome":
+        hint = ns.text[:max_hint_chars] if (ns.reward is not None and ns.reward < 0) else ""
+        return Verdict(ns.reward, hint=hint, reason="outcome")
+    if ns.kind == "tool":
+        if TOOL_ERROR.search(ns.text):
+            return Verdict(-1.0, hint=ns.text[:max_hint_chars], reason="tool error")
+        return Verdict(None, reason="tool output without a verdict")
+    directive = directive_sentences(ns.text, patterns.directives)
+    if directive:
+        return Verdict(-1.0, hint=directive[:max_hint_chars], reason="correction")
+    if any(p.search(ns.text) for p in patterns.corrections):
+        return Verdict(-1.0, reason="complaint")
+    if _is_reask(ns.text, _last_user_text(record)):
+        return Verdict(-1.0, reason="re-ask")
+    return Verdict(1.0, reason="moved on")

@@ -1,0 +1,177 @@
+"""Typed messages exchanged between the loops, and their compact encoding.
+
+Every message travels as two ZeroMQ frames: a header `clawr1/<schema version>`
+and a msgpack body tagged with the message type. A peer that speaks another
+schema version gets a `SchemaMismatch` naming both versions, never a garbled
+decode.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+import msgspec
+
+SCHEMA_VERSION = 1
+_HEADER_PREFIX = b"clawr1/"
+
+
+class SchemaMismatch(RuntimeError):
+    """The peer speaks another schema version (or is not a clawr1 peer at all)."""
+
+
+class NextState(msgspec.Struct, kw_only=True):
+    """What followed a turn: the signal the judge reads."""
+
+    kind: str  # user | tool | feedback | outcome | none
+    text: str = ""
+    score: Optional[float] = None  # explicit feedback score, if any
+    reward: Optional[float] = None  # environment outcome reward, if any
+    done: bool = False
+
+
+class TurnRecord(msgspec.Struct, tag=True, kw_only=True):
+    """One assistant turn exactly as the engine sampled it (gateway -> judge)."""
+
+    session_id: str
+    turn_index: int
+    segment: int = 0  # bumped when the client's history stops extending the recorded tokens
+    main: bool = True
+    prompt_ids: list[int]
+    response_ids: list[int]
+    rollout_logprobs: list[float]  # one per response token
+    versions: list[int]  # weight version that produced each response token
+    messages: list[dict[str, Any]]  # as the client sent them
+    tools: Optional[list[dict[str, Any]]] = None
+    response_text: str = ""
+    finish_reason: str = ""
+    next_state: Optional[NextState] = None
+    group_id: str = ""
+    created_at: float = 0.0
+
+
+class Sample(msgspec.Struct, tag=True, kw_only=True):
+    """A training sample (judge -> pool -> trainer).
+
+    `tokens` is prompt + response. Every per-token list below has one entry per
+    response token, i.e. `len(tokens) - prompt_len` entries.
+    """
+
+    sample_id: str
+    group_id: str
+    tokens: list[int]
+    prompt_len: int
+    loss_mask: list[int]
+    rollout_logprobs: list[float]
+    versions: list[int]
+    reward: Optional[float] = None
+    teacher_logprobs: Optional[list[float]] = None
+    teacher_version: Optional[int] = None
+    hint: str = ""
+    votes: list[int] = msgspec.field(default_factory=list)
+    session_id: str = ""
+    turn_index: int = 0
+    created_at: float = 0.0
+
+    @property
+    def response_len(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+    def check(self) -> None:
+        """Raise ValueError when the per-token lists do not line up with the tokens."""
+        n = self.response_len
+        if self.prompt_len < 1 or n < 1:
+            raise ValueError(f"sample {self.sample_id}: needs a prompt and a response (prompt_len={self.prompt_len}, tokens={len(self.tokens)})")
+        for name in ("loss_mask", "rollout_logprobs", "versions"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"sample {self.sample_id}: {name} has {len(getattr(self, name))} entries, response has {n}")
+        if self.teacher_logprobs is not None and len(self.teacher_logprobs) != n:
+            raise ValueError(f"sample {self.sample_id}: teacher_logprobs has {len(self.teacher_logprobs)} entries, response has {n}")
+
+
+class Ack(msgspec.Struct, tag=True, kw_only=True):
+    id: str
+    ok: bool = True
+    error: str = ""
+
+
+class BatchRequest(msgspec.Struct, tag=True, kw_only=True):
+    """Trainer -> pool: the batch after `last_batch_id`, at most `batch_size` samples."""
+
+    trainer_version: int
+    last_batch_id: int
+    batch_size: int
+
+
+class Batch(msgspec.Struct, tag=True, kw_only=True):
+    batch_id: int
+    samples: list[Sample]
+    dropped_stale: int = 0
+    pending: int = 0
+
+
+class NoBatch(msgspec.Struct, tag=True, kw_only=True):
+    """Not enough samples yet; ask again."""
+
+    pending: int
+    reason: str = ""
+
+
+class Commit(msgspec.Struct, tag=True, kw_only=True):
+    """Trainer -> pool: every batch up to and including `batch_id` is checkpointed."""
+
+    batch_id: int
+
+
+class PoolStats(msgspec.Struct, tag=True, kw_only=True):
+    pending: int
+    received: int
+    committed_batch_id: int
+    dropped_stale: int
+
+
+class StatsRequest(msgspec.Struct, tag=True, kw_only=True):
+    pass
+
+
+class WeightsPublished(msgspec.Struct, tag=True, kw_only=True):
+    version: int
+    step: int
+    path: str = ""
+    timestamp: float = 0.0
+
+
+class ErrorReply(msgspec.Struct, tag=True, kw_only=True):
+    error: str
+
+
+Message = Union[
+    TurnRecord, Sample, Ack, BatchRequest, Batch, NoBatch, Commit, PoolStats, StatsRequest,
+    WeightsPublished, ErrorReply,
+]
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+
+
+def header() -> bytes:
+    return _HEADER_PREFIX + str(SCHEMA_VERSION).encode()
+
+
+def encode(msg: Message) -> list[bytes]:
+    return [header(), _encoder.encode(msg)]
+
+
+def decode(frames: list[bytes]) -> Message:
+    if len(frames) != 2 or not frames[0].startswith(_HEADER_PREFIX):
+        raise SchemaMismatch(f"not a clawr1 message ({len(frames)} frames, header {frames[0][:16]!r})")
+    theirs = frames[0][len(_HEADER_PREFIX):].decode(errors="replace")
+    if theirs != str(SCHEMA_VERSION):
+        raise SchemaMismatch(f"peer speaks clawr1 schema v{theirs}, this process speaks v{SCHEMA_VERSION}")
+    try:
+        return _decoder.decode(frames[1])
+    except msgspec.ValidationError as e:
+        raise SchemaMismatch(f"malformed clawr1 v{SCHEMA_VERSION} message: {e}") from None
+
+
+def to_builtins(msg: msgspec.Struct) -> dict:
+    return msgspec.to_builtins(msg)

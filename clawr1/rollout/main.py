@@ -1,0 +1,199 @@
+"""`clawr1 rollout`: drive an environment's episodes through the gateway, many at once.
+
+The environment class comes from an import path (`rollout.env`), slime-style,
+and talks to the policy only through the gateway with the official `openai`
+client, exactly like any external agent. Held-out evaluation runs as side turns
+(never trained on) every `rollout.eval_every` weight versions, and once more at
+the final version; then the loop reports done and idles until stopped.
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import random
+import signal
+import time
+from collections import defaultdict
+from typing import Any, Optional
+
+import httpx
+import openai
+
+from clawr1 import bus, protocol
+from clawr1.config import Config
+from clawr1.protocol import WeightsPublished
+from clawr1.runtime import mark_ready, ready_file, setup_logging
+from clawr1.tracking import MetricsWriter
+
+log = logging.getLogger("clawr1.rollout")
+
+
+def load_env(import_path: str, args: dict[str, Any], seed: int) -> Any:
+    module_name, _, cls_name = import_path.partition(":")
+    if not cls_name:
+        raise ValueError(f"rollout.env must look like 'package.module:Class', got {import_path!r}")
+    return getattr(importlib.import_module(module_name), cls_name)(args, seed=seed)
+
+
+class GatewayChat:
+    """The environment's view of the policy: chat through the gateway as a session."""
+
+    def __init__(self, cfg: Config, api_key: str = "clawr1-local"):
+        r = cfg.rollout
+        self.model = cfg.gateway.model_name
+        self.params = {"max_tokens": r.max_tokens, "temperature": r.temperature, "top_p": r.top_p}
+        self.client = openai.AsyncOpenAI(base_url=f"{cfg.gateway_url}/v1", api_key=api_key,
+                                         timeout=r.request_timeout_s, max_retries=2)
+        self.http = httpx.AsyncClient(base_url=cfg.gateway_url, timeout=30, headers={"Authorization": f"Bearer {api_key}"})
+
+    async def chat(self, session_id: str, messages: list[dict], *, side: bool = False, seed: Optional[int] = None) -> str:
+        resp = await self.client.chat.completions.create(
+            model=self.model, messages=messages, seed=seed, **self.params,
+            extra_headers={"X-Session-Id": session_id, "X-Turn-Type": "side" if side else "main"})
+        return resp.choices[0].message.content or ""
+
+    async def complete(self, session_id: str, reward: float, text: str = "") -> None:
+        resp = await self.http.post(f"/v1/sessions/{session_id}/complete", json={"reward": reward, "text": text})
+        resp.raise_for_status()
+
+    async def close(self) -> None:
+        await self.client.close()
+        await self.http.aclose()
+
+
+class Rollout:
+    def __init__(self, cfg: Config, env: Any, chat: GatewayChat, metrics: MetricsWriter):
+        self.cfg, self.env, self.chat, self.metrics = cfg, env, chat, metrics
+        self.version = 0
+        self.episodes = 0
+        self.window: dict[str, list[float]] = defaultdict(list)
+        self.workers_may_run = asyncio.Event()
+        self.workers_may_run.set()
+        self.finished = asyncio.Event()
+        self.pool_backlog = 0
+        self.backlog_ok = asyncio.Event()
+        self.backlog_ok.set()
+
+    async def worker(self, index: int) -> None:
+        rng = random.Random(f"{self.cfg.run.seed}-worker-{index}")
+        k = 0
+        while not self.finished.is_set():
+            await self.workers_may_run.wait()
+            await self.backlog_ok.wait()
+            session = f"w{index}-e{k}-{rng.getrandbits(32):08x}"
+            k += 1
+            try:
+                result = await self.env.episode(self.chat, session, rng)
+            except (openai.APIError, httpx.HTTPError) as e:
+                log.warning("episode %s failed: %s", session, e)
+                self.window["episode_errors"].append(1.0)
+                await asyncio.sleep(1.0)
+                continue
+            self.episodes += 1
+            for key, value in result.items():
+                self.window[key].append(float(value))
+
+    async def evaluate(self, version: int) -> None:
+        self.workers_may_run.clear()  # a quiet engine makes the evaluation fast and its version clean
+        try:
+            t0 = time.monotonic()
+            result = await self.env.evaluate(self.chat, self.cfg.rollout.eval_size, f"eval-v{version}")
+            result.update(eval_version=version, eval_s=time.monotonic() - t0)
+            self.metrics.log(result, step=version)
+            log.info("evaluation at version %d: %s", version, {k: round(v, 3) for k, v in result.items()})
+        finally:
+            self.workers_may_run.set()
+
+    def report(self) -> None:
+        data = {f"{k}_mean": sum(v) / len(v) for k, v in self.window.items() if v}
+        data.update(episodes=self.episodes, version=self.version, pool_backlog=self.pool_backlog)
+        self.metrics.log(data, step=self.version)
+        self.window.clear()
+
+    async def watch_pool(self, limit: int) -> None:
+        """Pause new episodes while the pool's backlog is at or above `limit` samples."""
+        pool = bus.AsyncRpcClient(self.cfg.pool_batches_addr, timeout_s=10.0)
+        try:
+            while True:
+                try:
+                    stats = await pool.call(protocol.StatsRequest())
+                    self.pool_backlog = stats.pending
+                except bus.BusTimeout:
+                    log.warning("pool did not answer a stats request; not throttling")
+                    self.pool_backlog = 0
+                (self.backlog_ok.set if self.pool_backlog < limit else self.backlog_ok.clear)()
+                await asyncio.sleep(0.25)
+        finally:
+            pool.close()
+
+    async def follow_versions(self, on_version) -> None:
+        sub = bus.sub_socket(self.cfg.publish_addr, asyncio=True)
+        try:
+            while True:
+                msg = protocol.decode(await sub.recv_multipart())
+                if isinstance(msg, WeightsPublished) and msg.version > self.version:
+                    self.version = msg.version
+                    await on_version(msg.version)
+        finally:
+            sub.close(0)
+
+
+def done_file(cfg: Config):
+    """Written once the final version is evaluated: `clawr1 run` waits for it before stopping the loops."""
+    return ready_file(cfg, "rollout").with_suffix(".done")
+
+
+async def run(cfg: Config, stop: asyncio.Event) -> None:
+    env = load_env(cfg.rollout.env, cfg.rollout.env_args, cfg.run.seed)
+    metrics = MetricsWriter(cfg.run_dir, "rollout")
+    chat = GatewayChat(cfg)
+    ro = Rollout(cfg, env, chat, metrics)
+    log.info("environment %s: %s", cfg.rollout.env, getattr(env, "describe", dict)())
+    every = cfg.rollout.eval_every
+
+    async def on_version(version: int) -> None:
+        final = version >= cfg.run.max_steps
+        if final:
+            ro.finished.set()  # no more episodes: nothing would train on them
+        if every and (final or version % every == 0):
+            await ro.evaluate(version)
+        if final:
+            done_file(cfg).write_text(str(version))
+
+    tasks = [asyncio.create_task(ro.follow_versions(on_version))]
+    if cfg.rollout.max_pool_backlog:
+        if cfg.rollout.max_pool_backlog < cfg.pool.batch_size:
+            raise ValueError(f"rollout.max_pool_backlog ({cfg.rollout.max_pool_backlog}) must be at least "
+                             f"pool.batch_size ({cfg.pool.batch_size}), or the trainer would wait forever")
+        tasks.append(asyncio.create_task(ro.watch_pool(cfg.rollout.max_pool_backlog)))
+    mark_ready(cfg, "rollout")
+    if every:
+        await ro.evaluate(0)
+    tasks += [asyncio.create_task(ro.worker(i)) for i in range(cfg.rollout.concurrency)]
+    try:
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=10)
+            except asyncio.TimeoutError:
+                ro.report()
+    finally:
+        ro.report()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await chat.close()
+
+
+def main(cfg: Config) -> int:
+    setup_logging("rollout")
+
+    async def go() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await run(cfg, stop)
+
+    asyncio.run(go())
+    return 0

@@ -1,0 +1,144 @@
+"""Client for SGLang's native API, spoken by both SGLang servers and our embedded engine.
+
+Payload builders are plain functions so contract tests can pin the exact JSON
+we send; `parse_*` functions pin what we read back.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import httpx
+
+
+class EngineError(RuntimeError):
+    """The engine answered with an error or not at all."""
+
+
+@dataclass
+class Generation:
+    """What the gateway and judge need from one /generate reply."""
+
+    output_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    text: str
+    finish_reason: str  # stop | length | abort
+    prompt_logprobs: list[float]  # log P(x_i | x_<i) for the requested prompt suffix
+    weight_version: int = 0  # the engine's version when the request finished
+
+
+def generate_payload(input_ids: list[int], sampling_params: dict[str, Any], *, return_logprob: bool = True,
+                     logprob_start_len: int = -1, top_logprobs_num: int = 0, stream: bool = False) -> dict[str, Any]:
+    return {
+        "input_ids": list(input_ids), "sampling_params": sampling_params, "return_logprob": return_logprob,
+        "logprob_start_len": logprob_start_len, "top_logprobs_num": top_logprobs_num, "stream": stream,
+    }
+
+
+def prompt_logprobs_payload(input_ids: list[int], first_scored: int) -> dict[str, Any]:
+    """Score tokens first_scored.. of `input_ids` with one prefill (SGLang's entry 0 is always null, hence -1)."""
+    if first_scored < 1:
+        raise ValueError("the first token of a prompt has no log-prob")
+    return generate_payload(input_ids, {"max_new_tokens": 0, "temperature": 0.0}, logprob_start_len=first_scored - 1)
+
+
+def parse_version(value: Any) -> int:
+    """SGLang versions are strings ('default' before any update); ours count publishes."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def token_versions(meta: dict, n: int) -> list[int]:
+    """Per-token versions from SGLang's `weight_versions` spans, else the single `weight_version`."""
+    spans = meta.get("weight_versions")
+    if spans:
+        out = [0] * n
+        for span in spans:
+            for i in range(span["start"], min(span["end"], n)):
+                out[i] = parse_version(span["version"])
+        return out
+    return [parse_version(meta.get("weight_version"))] * n
+
+
+def parse_generation(reply: dict) -> Generation:
+    meta = reply["meta_info"]
+    entries = meta.get("output_token_logprobs") or []
+    ids = [int(e[1]) for e in entries] if entries else list(reply.get("output_ids") or [])
+    prompt = [float(e[0]) for e in (meta.get("input_token_logprobs") or [])[1:]]
+    reason = meta.get("finish_reason") or {}
+    return Generation(
+        output_ids=ids, logprobs=[float(e[0]) for e in entries], versions=token_versions(meta, len(ids)),
+        text=reply.get("text", ""), finish_reason=reason.get("type", "abort") if isinstance(reason, dict) else str(reason),
+        prompt_logprobs=prompt, weight_version=parse_version(meta.get("weight_version")),
+    )
+
+
+def _check(resp: httpx.Response, what: str) -> Any:
+    if resp.status_code != 200:
+        raise EngineError(f"{what} failed with HTTP {resp.status_code}: {resp.text[:300]}")
+    return resp.json()
+
+
+class EngineClient:
+    """Async client for one engine."""
+
+    def __init__(self, url: str, timeout_s: float = 300.0):
+        self.url = url.rstrip("/")
+        self.http = httpx.AsyncClient(base_url=self.url, timeout=timeout_s,
+                                      limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+
+    async def generate(self, input_ids: list[int], sampling_params: dict[str, Any], **kw: Any) -> Generation:
+        resp = await self.http.post("/generate", json=generate_payload(input_ids, sampling_params, **kw))
+        return parse_generation(_check(resp, "generate"))
+
+    async def score(self, input_ids: list[int], first_scored: int) -> Generation:
+        """Log-probs of input_ids[first_scored:] from one prefill (in `.prompt_logprobs`)."""
+        resp = await self.http.post("/generate", json=prompt_logprobs_payload(input_ids, first_scored))
+        return parse_generation(_check(resp, "prompt scoring"))
+
+    async def model_info(self) -> dict:
+        return _check(await self.http.get("/get_model_info"), "get_model_info")
+
+    async def wait_healthy(self, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if (await self.http.get("/health", timeout=5)).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise EngineError(f"engine at {self.url} not healthy after {timeout_s:.0f}s")
+            await asyncio.sleep(0.5)
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+
+class SyncEngineClient:
+    """Blocking client, for the trainer's weight publishing."""
+
+    def __init__(self, url: str, timeout_s: float = 300.0):
+        self.url = url.rstrip("/")
+        self.http = httpx.Client(base_url=self.url, timeout=timeout_s)
+
+    def update_weights_from_disk(self, path: str, version: int) -> dict:
+        reply = _check(self.http.post("/update_weights_from_disk",
+                                      json={"model_path": path, "weight_version": str(version)}), "update_weights_from_disk")
+        if not reply.get("success"):
+            raise EngineError(f"update_weights_from_disk refused: {reply.get('message')}")
+        return reply
+
+    def model_info(self) -> dict:
+        return _check(self.http.get("/get_model_info"), "get_model_info")
+
+    def generate(self, input_ids: list[int], sampling_params: dict[str, Any], **kw: Any) -> Generation:
+        return parse_generation(_check(self.http.post("/generate", json=generate_payload(input_ids, sampling_params, **kw)), "generate"))
+
+    def close(self) -> None:
+        self.http.close()

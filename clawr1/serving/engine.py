@@ -1,0 +1,418 @@
+"""The embedded engine: continuous batching over `ModelRunner`, driven by one scheduler thread.
+
+Requests arrive from any thread (`submit`). Between decode steps the
+scheduler applies pending weight updates, admits waiting requests (prefill), then
+decodes one token for every running request in one batch. Every sampled token
+is tagged with the weight version that produced it, so a weight swap never
+fails a request: tokens before the swap carry the old version, tokens after it
+the new one.
+
+Log-prob conventions follow SGLang: output log-probs are log_softmax(logits / T)
+over the full vocabulary (top-p/top-k do not change them); prompt log-probs use
+the raw logits; the stop token is part of `output_ids` and of the log-probs.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+from clawr1.serving.model_runner import KVCache, ModelRunner
+
+log = logging.getLogger("clawr1.engine")
+
+
+class RequestError(ValueError):
+    """A request the engine cannot serve (bad parameters); the HTTP layer answers 400."""
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False
+    sampling_seed: Optional[int] = None
+    n: int = 1
+
+    @classmethod
+    def from_dict(cls, d: Optional[dict]) -> "SamplingParams":
+        d = dict(d or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise RequestError(f"unknown sampling_params field(s): {', '.join(unknown)}")
+        if isinstance(d.get("stop"), str):
+            d["stop"] = [d["stop"]]
+        d = {k: v for k, v in d.items() if v is not None or k == "sampling_seed"}
+        p = cls(**d)
+        p.validate()
+        return p
+
+    def validate(self) -> None:
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 0:
+            raise RequestError("max_new_tokens must be an integer >= 0")
+        if self.temperature < 0:
+            raise RequestError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise RequestError("top_p must be in (0, 1]")
+        if not 0 <= self.min_p <= 1:
+            raise RequestError("min_p must be in [0, 1]")
+        if self.n < 1:
+            raise RequestError("n must be >= 1")
+        if len(self.stop) > 32:
+            raise RequestError("at most 32 stop strings")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < 1e-6
+
+
+@dataclass
+class GenerateRequest:
+    input_ids: list[int]
+    params: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    rid: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+@dataclass
+class _Running:
+    """Scheduler-side state of one request."""
+
+    req: GenerateRequest
+    on_event: Callable[[dict], None]
+    cache: KVCache
+    generator: torch.Generator
+    created: float
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    output_top: list[list] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    input_logprobs: list = field(default_factory=list)
+    input_top: list = field(default_factory=list)
+    finish: Optional[dict] = None
+    stop_text_cut: Optional[int] = None
+
+
+class Engine:
+    """One model, one scheduler thread, many concurrent requests."""
+
+    def __init__(self, model_path: str | Path, dtype: str = "float32", max_running: int = 32,
+                 weight_version: int = 0, max_context: Optional[int] = None):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.model_path = str(model_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=getattr(torch, dtype))
+        self.runner = ModelRunner(model)
+        self.model = model
+        self.max_running = max_running
+        self.max_context = max_context or getattr(model.config, "max_position_embeddings", 4096)
+        self.weight_version = weight_version
+        self.eos_ids = self._eos_ids(model)
+        self._waiting: deque[_Running] = deque()
+        self._running: list[_Running] = []
+        self._controls: deque[Callable[[], None]] = deque()
+        self._paused = False
+        self._aborts: set[str] = set()
+        self._wake = threading.Condition()
+        self._stopped = False
+        self.steps = 0
+        self._thread = threading.Thread(target=self._loop, name="engine-scheduler", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _eos_ids(model) -> set[int]:
+        ids = model.generation_config.eos_token_id if model.generation_config else None
+        ids = ids if ids is not None else model.config.eos_token_id
+        return set(ids if isinstance(ids, list) else [ids] if ids is not None else [])
+
+    # ------------------------------------------------------------ public API (any thread)
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def load(self) -> dict[str, int]:
+        return {"running": len(self._running), "waiting": len(self._waiting)}
+
+    def submit(self, req: GenerateRequest, on_event: Callable[[dict], None]) -> None:
+        """Queue a request; `on_event` is called from the scheduler thread with each update.
+
+        Events: {"type": "token", ...partial result} and finally {"type": "done", ...result}.
+        """
+        self._check(req)
+        gen = torch.Generator()
+        gen.manual_seed(req.params.sampling_seed if req.params.sampling_seed is not None else int(torch.randint(2**62, (1,))))
+        state = _Running(req, on_event, self.runner.new_cache(), gen, time.time())
+        with self._wake:
+            self._waiting.append(state)
+            self._wake.notify()
+
+    def control(self, fn: Callable[[], Any], timeout_s: float = 600.0) -> Any:
+        """Run `fn` on the scheduler thread between two decode steps and return its result."""
+        done = threading.Event()
+        box: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                box["result"] = fn()
+            except Exception as e:  # handed back to the caller
+                box["error"] = e
+            done.set()
+
+        with self._wake:
+            self._controls.append(run)
+            self._wake.notify()
+        if not done.wait(timeout_s):
+            raise TimeoutError("the engine did not reach a step boundary in time")
+        if "error" in box:
+            raise box["error"]
+        return box.get("result")
+
+    def update_weights_from_disk(self, path: str, version: Optional[int] = None) -> int:
+        """Load HF safetensors from `path` between decode steps; in-flight requests continue."""
+        state = _read_safetensors_dir(Path(path))
+        return self.control(lambda: self._load_state(state, version))
+
+    def abort(self, rid: str) -> None:
+        """Finish a request early (its client went away); takes effect at the next step boundary."""
+        with self._wake:
+            self._aborts.add(rid)
+            self._wake.notify()
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stopped = True
+            self._wake.notify()
+        self._thread.join(timeout=10)
+
+    # ------------------------------------------------------------ scheduler thread
+    def _check(self, req: GenerateRequest) -> None:
+        n = len(req.input_ids)
+        if n == 0:
+            raise RequestError("input_ids cannot be empty")
+        vocab = self.model.config.vocab_size
+        if any((not isinstance(t, int)) or t < 0 or t >= vocab for t in req.input_ids):
+            raise RequestError(f"input_ids must be integers in [0, {vocab})")
+        if n >= self.max_context:
+            raise RequestError(f"prompt of {n} tokens exceeds the context length {self.max_context}")
+        if req.logprob_start_len > n:
+            raise RequestError(f"logprob_start_len ({req.logprob_start_len}) is higher than the number of input tokens ({n})")
+
+    def _load_state(self, state: dict[str, torch.Tensor], version: Optional[int]) -> int:
+        own = self.model.state_dict()
+        missing = set(own) - set(state)
+        if self.model.config.tie_word_embeddings:
+            missing.discard("lm_head.weight")
+        unexpected = set(state) - set(own)
+        if missing or unexpected:
+            raise RequestError(f"weights do not fit the model: missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
+        for name, tensor in state.items():
+            if own[name].shape != tensor.shape:
+                raise RequestError(f"{name}: shape {tuple(tensor.shape)} does not fit {tuple(own[name].shape)}")
+        with torch.no_grad():
+            for name, tensor in state.items():
+                own[name].copy_(tensor)
+        self.weight_version = self.weight_version + 1 if version is None else version
+        return self.weight_version
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not (self._stopped or self._controls or (not self._paused and (self._waiting or self._running))):
+                    self._wake.wait()
+                if self._stopped:
+                    break
+                controls = list(self._controls)
+                self._controls.clear()
+                aborts, self._aborts = self._aborts, set()
+            if aborts:
+                self._abort(aborts)
+            for fn in controls:
+                fn()
+            if not self._paused:
+                try:
+                    self._step()
+                except Exception:  # a bug in one step must not kill serving: fail the requests in it
+                    log.exception("engine step failed; aborting the running requests")
+                    for r in self._running:
+                        if r.finish is None:
+                            self._finish(r, {"type": "abort", "message": "internal engine error"})
+                    self._running = []
+        for r in self._running + list(self._waiting):
+            self._finish(r, {"type": "abort", "message": "engine stopped"})
+
+    def _abort(self, rids: set[str]) -> None:
+        with self._wake:
+            dropped = [r for r in self._waiting if r.req.rid in rids]
+            self._waiting = deque(r for r in self._waiting if r.req.rid not in rids)
+        for r in dropped + [r for r in self._running if r.req.rid in rids and r.finish is None]:
+            self._finish(r, {"type": "abort", "message": "Aborted"})
+        self._running = [r for r in self._running if r.finish is None]
+
+    def _step(self) -> None:
+        admitted = []
+        with self._wake:
+            while self._waiting and len(self._running) + len(admitted) < self.max_running:
+                admitted.append(self._waiting.popleft())
+        for r in admitted:
+            self._prefill(r)
+        decoding = [r for r in self._running if r.finish is None]
+        if decoding:
+            last = [torch.tensor(r.output_ids[-1:]) for r in decoding]
+            hidden = self.runner.forward(last, [r.cache for r in decoding])
+            logits = self.runner.logits(torch.cat(hidden))
+            for r, row in zip(decoding, logits):
+                self._sample(r, row)
+        self._running = [r for r in self._running if r.finish is None]
+        self.steps += 1
+
+    def _prefill(self, r: _Running) -> None:
+        req = r.req
+        ids = torch.tensor(req.input_ids)
+        (hidden,) = self.runner.forward([ids], [r.cache])
+        if req.return_logprob and 0 <= req.logprob_start_len < len(req.input_ids):
+            self._prompt_logprobs(r, hidden)
+        if req.params.max_new_tokens == 0:
+            self._finish(r, {"type": "length", "length": 0})
+            return
+        self._running.append(r)
+        self._sample(r, self.runner.logits(hidden[-1:])[0])
+
+    def _prompt_logprobs(self, r: _Running, hidden: torch.Tensor) -> None:
+        """SGLang's layout: entry k is [logprob of x_{s+k} given x_{<s+k}, x_{s+k}, None], entry 0 has no logprob."""
+        s, ids = r.req.logprob_start_len, r.req.input_ids
+        logp = torch.log_softmax(self.runner.logits(hidden[s:-1]), dim=-1) if s < len(ids) - 1 else None
+        targets = torch.tensor(ids[s + 1:])
+        values = logp.gather(1, targets[:, None])[:, 0].tolist() if logp is not None else []
+        r.input_logprobs = [[None, ids[s], None]] + [[v, t, None] for v, t in zip(values, ids[s + 1:])]
+        if r.req.top_logprobs_num > 0:
+            r.input_top = [None] + ([_top(row, r.req.top_logprobs_num) for row in logp] if logp is not None else [])
+
+    def _sample(self, r: _Running, logits: torch.Tensor) -> None:
+        p = r.req.params
+        if p.greedy:
+            logp = torch.log_softmax(logits, dim=-1)
+            token = int(logits.argmax())
+        else:
+            logp = torch.log_softmax(logits / p.temperature, dim=-1)
+            token = int(torch.multinomial(_filtered_probs(logp, p), 1, generator=r.generator))
+        r.output_ids.append(token)
+        r.output_logprobs.append(float(logp[token]))
+        r.versions.append(self.weight_version)
+        if r.req.top_logprobs_num > 0:
+            r.output_top.append(_top(logp, r.req.top_logprobs_num))
+        r.finish = self._finish_reason(r, token)
+        if r.finish is not None:
+            self._finish(r, r.finish)
+        else:
+            r.on_event({"type": "token", **self.result(r)})
+
+    def _finish_reason(self, r: _Running, token: int) -> Optional[dict]:
+        p = r.req.params
+        if not p.ignore_eos and (token in self.eos_ids or token in p.stop_token_ids):
+            return {"type": "stop", "matched": token}
+        if p.stop:
+            text = self.tokenizer.decode(r.output_ids, skip_special_tokens=p.skip_special_tokens)
+            for s in p.stop:
+                at = text.find(s)
+                if at >= 0:
+                    r.stop_text_cut = at + (len(s) if p.no_stop_trim else 0)
+                    return {"type": "stop", "matched": s}
+        if len(r.output_ids) >= p.max_new_tokens:
+            return {"type": "length", "length": p.max_new_tokens}
+        if len(r.req.input_ids) + len(r.output_ids) >= self.max_context:
+            return {"type": "length", "length": len(r.output_ids)}
+        return None
+
+    def _finish(self, r: _Running, reason: dict) -> None:
+        r.finish = reason
+        r.cache = None  # free the KV cache now, not when the HTTP side lets go
+        r.on_event({"type": "done", **self.result(r)})
+
+    # ------------------------------------------------------------ results in SGLang's shape
+    def result(self, r: _Running) -> dict:
+        req, p = r.req, r.req.params
+        ids = r.output_ids
+        text_ids = ids[:-1] if (r.finish and r.finish.get("type") == "stop" and isinstance(r.finish.get("matched"), int)
+                                and not p.no_stop_trim) else ids
+        text = self.tokenizer.decode(text_ids, skip_special_tokens=p.skip_special_tokens)
+        if r.stop_text_cut is not None:
+            text = text[: r.stop_text_cut]
+        meta: dict[str, Any] = {
+            "id": req.rid,
+            "finish_reason": r.finish,
+            "prompt_tokens": len(req.input_ids),
+            "completion_tokens": len(ids),
+            "cached_tokens": 0,
+            "weight_version": str(r.versions[-1] if r.versions else self.weight_version),
+            "weight_versions": _version_spans(r.versions),
+            "e2e_latency": time.time() - r.created,
+        }
+        if req.return_logprob:
+            meta["input_token_logprobs"] = r.input_logprobs
+            meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(r.output_logprobs, ids)]
+            if req.top_logprobs_num > 0:
+                meta["input_top_logprobs"] = r.input_top
+                meta["output_top_logprobs"] = r.output_top
+        return {"text": text, "output_ids": list(ids), "meta_info": meta}
+
+
+def _top(logp: torch.Tensor, k: int) -> list[list]:
+    values, ids = logp.topk(min(k, logp.numel()))
+    return [[v, i, None] for v, i in zip(values.tolist(), ids.tolist())]
+
+
+def _filtered_probs(logp: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    probs = logp.exp()
+    if p.top_k > 0 and p.top_k < probs.numel():
+        kth = probs.topk(p.top_k).values[-1]
+        probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
+    if p.top_p < 1.0:
+        sorted_p, order = probs.sort(descending=True)
+        keep = sorted_p.cumsum(0) - sorted_p < p.top_p
+        probs = torch.zeros_like(probs).scatter(0, order, sorted_p * keep)
+    if p.min_p > 0:
+        probs = torch.where(probs >= p.min_p * probs.max(), probs, torch.zeros_like(probs))
+    return probs
+
+
+def _version_spans(versions: list[int]) -> list[dict]:
+    """Per-token versions as SGLang 0.5.23's spans: [{"version", "start", "end"}]."""
+    spans: list[dict] = []
+    for i, v in enumerate(versions):
+        if spans and spans[-1]["version"] == str(v):
+            spans[-1]["end"] = i + 1
+        else:
+            spans.append({"version": str(v), "start": i, "end": i + 1})
+    return spans
+
+
+def _read_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise RequestError(f"no *.safetensors files in {path}")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    return state

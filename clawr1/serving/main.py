@@ -1,0 +1,30 @@
+"""`clawr1 serve`: the embedded engine over HTTP."""
+from __future__ import annotations
+
+import logging
+
+import torch
+import uvicorn
+
+from clawr1.config import Config
+from clawr1.runtime import setup_logging
+from clawr1.serving.engine import Engine
+from clawr1.serving.server import create_app
+from clawr1.tinymodel.build import resolve_model_path
+
+log = logging.getLogger("clawr1.serve")
+
+
+def main(cfg: Config) -> int:
+    setup_logging("serve")
+    if cfg.serve.backend != "embedded":
+        raise SystemExit(f"serve.backend={cfg.serve.backend!r}: only the embedded engine is available in this build")
+    torch.set_num_threads(cfg.serve.num_threads)
+    path = resolve_model_path(cfg.model)
+    engine = Engine(path, dtype=cfg.serve.dtype, max_running=cfg.serve.max_running_requests)
+    log.info("engine on %s serving %s", cfg.engine_url, path)
+    try:
+        uvicorn.run(create_app(engine), host=cfg.serve.host, port=cfg.serve.port, log_level="warning")
+    finally:
+        engine.stop()
+    return 0

@@ -1,0 +1,167 @@
+"""`clawr1 serve`: the embedded engine behind SGLang's native HTTP API."""
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from clawr1.serving.engine import Engine, GenerateRequest, RequestError, SamplingParams
+
+
+def _error(message: str, status: int = 400) -> JSONResponse:
+    return JSONResponse({"error": {"message": message}}, status_code=status)
+
+
+async def _json_body(request: Request) -> dict:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise RequestError("the body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise RequestError("the body must be a JSON object")
+    return body
+
+
+def _per_prompt(value: Any, n: int, name: str) -> list:
+    """A value for every prompt: one list entry each, or one value shared by all."""
+    if isinstance(value, list):
+        if len(value) != n:
+            raise RequestError(f"{name} must have one entry per prompt ({n}), got {len(value)}")
+        return value
+    return [value] * n
+
+
+def parse_generate(body: dict, tokenizer: Any) -> tuple[list[GenerateRequest], bool]:
+    """Expand a /generate body into engine requests; returns (requests, is_batch)."""
+    if body.get("input_ids") is not None:
+        prompts = body["input_ids"]
+        if not isinstance(prompts, list) or not prompts:
+            raise RequestError("input_ids cannot be empty.")
+        batch = isinstance(prompts[0], list)
+        prompts = prompts if batch else [prompts]
+    elif body.get("text") is not None:
+        texts = body["text"]
+        batch = isinstance(texts, list)
+        prompts = [tokenizer.encode(t, add_special_tokens=False) for t in (texts if batch else [texts])]
+    else:
+        raise RequestError("give either text or input_ids")
+    n = len(prompts)
+    params = [SamplingParams.from_dict(p) for p in _per_prompt(body.get("sampling_params") or {}, n, "sampling_params")]
+    rid = body.get("rid")
+    requests = []
+    for i, (ids, sp) in enumerate(zip(prompts, params)):
+        for j in range(sp.n):
+            kwargs = {}
+            if rid is not None and not (batch or sp.n > 1):
+                kwargs["rid"] = str(rid)
+            requests.append(GenerateRequest(
+                input_ids=list(ids), params=sp, return_logprob=bool(body.get("return_logprob") or False),
+                logprob_start_len=int(body["logprob_start_len"]) if body.get("logprob_start_len") is not None else -1,
+                top_logprobs_num=int(body.get("top_logprobs_num") or 0), **kwargs))
+    return requests, batch or any(p.n > 1 for p in params)
+
+
+def create_app(engine: Engine) -> FastAPI:
+    app = FastAPI(title="clawr1 embedded engine (SGLang native API subset)")
+
+    @app.exception_handler(RequestError)
+    async def _bad_request(_: Request, exc: RequestError) -> JSONResponse:
+        return _error(str(exc))
+
+    @app.get("/health")
+    @app.get("/health_generate")
+    async def health() -> Response:
+        return Response(status_code=200 if engine.alive else 503)
+
+    @app.get("/get_model_info")
+    @app.get("/model_info")
+    async def model_info() -> dict:
+        return {
+            "model_path": engine.model_path, "tokenizer_path": engine.model_path, "is_generation": True,
+            "weight_version": str(engine.weight_version), "model_type": engine.model.config.model_type,
+            "architectures": engine.model.config.architectures, "served_model_name": engine.model_path,
+        }
+
+    @app.api_route("/generate", methods=["POST", "PUT"])
+    async def generate(request: Request) -> Response:
+        body = await _json_body(request)
+        reqs, is_batch = parse_generate(body, engine.tokenizer)
+        queues = [_submit(engine, r) for r in reqs]
+        if body.get("stream"):
+            return StreamingResponse(_stream(engine, request, reqs, queues, is_batch), media_type="text/event-stream")
+        try:
+            results = await asyncio.gather(*(_final(q) for q in queues))
+        except asyncio.CancelledError:  # the client went away: stop generating for it
+            for r in reqs:
+                engine.abort(r.rid)
+            raise
+        return JSONResponse(results if is_batch else results[0])
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(request: Request) -> JSONResponse:
+        body = await _json_body(request)
+        if not body.get("model_path"):
+            return JSONResponse({"success": False, "message": "model_path is required", "num_paused_requests": 0}, 400)
+        try:
+            version = _version(body.get("weight_version"))
+            new = await asyncio.to_thread(engine.update_weights_from_disk, body["model_path"], version)
+        except (RequestError, OSError) as e:
+            return JSONResponse({"success": False, "message": str(e), "num_paused_requests": 0}, 400)
+        return JSONResponse({"success": True, "message": f"Succeeded to update model weights. Weight version updated to {new}.",
+                             "num_paused_requests": 0})
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache() -> PlainTextResponse:
+        return PlainTextResponse("Cache flushed.\n")  # no prefix cache to flush (yet)
+
+    return app
+
+
+def _version(value: Any) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise RequestError(f"weight_version must be an integer (as a string or number), got {value!r}") from None
+
+
+def _submit(engine: Engine, req: GenerateRequest) -> asyncio.Queue:
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+    engine.submit(req, lambda event: loop.call_soon_threadsafe(queue.put_nowait, event))
+    return queue
+
+
+async def _final(queue: asyncio.Queue) -> dict:
+    while True:
+        event = await queue.get()
+        if event.pop("type") == "done":
+            return event
+
+
+async def _stream(engine: Engine, request: Request, reqs: list[GenerateRequest], queues: list[asyncio.Queue],
+                  is_batch: bool) -> AsyncIterator[bytes]:
+    """SGLang's default streaming: cumulative chunks, `data: {json}` each, then `data: [DONE]`."""
+    pending = {asyncio.ensure_future(q.get()): i for i, q in enumerate(queues)}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for fut in done:
+                i = pending.pop(fut)
+                event = fut.result()
+                kind = event.pop("type")
+                if is_batch:
+                    event["index"] = i
+                yield f"data: {json.dumps(event)}\n\n".encode()
+                if kind != "done":
+                    pending[asyncio.ensure_future(queues[i].get())] = i
+        yield b"data: [DONE]\n\n"
+    finally:
+        for fut in pending:
+            fut.cancel()
+        for r in reqs:
+            engine.abort(r.rid)  # a no-op for finished requests; stops work for a vanished client

@@ -1,0 +1,254 @@
+"""`clawr1 run`: start every loop of a recipe as a local process, watch them, stop them all.
+
+Each loop runs as `python -m clawr1.cli <loop> --config RUN_DIR/config.yaml`
+in its own process group, with its output in RUN_DIR/logs/<loop>.log, and dies
+with the supervisor even on kill -9 (PR_SET_PDEATHSIG). The run ends when the
+trainer finishes its steps (exit 0), or when any loop dies (exit 1, naming
+it), or on Ctrl-C/SIGTERM (exit 130). In every case every process the run
+started is stopped: SIGTERM to its group, then SIGKILL after a grace period.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import httpx
+
+from clawr1.config import Config, assign_free_ports, save_config
+from clawr1.runtime import ready_file
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass  # not Linux: children still get stopped on every normal exit path
+
+
+class LoopFailed(RuntimeError):
+    pass
+
+
+@dataclass
+class Loop:
+    name: str
+    command: str  # the clawr1 subcommand
+    env: dict[str, str]
+    ready: Callable[[], bool]
+    proc: Optional[subprocess.Popen] = None
+    log_path: Optional[Path] = None
+
+
+def _http_ok(url: str) -> Callable[[], bool]:
+    def check() -> bool:
+        try:
+            return httpx.get(url, timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+    return check
+
+
+def _file_exists(path: Path) -> Callable[[], bool]:
+    return path.exists
+
+
+def _tail(path: Optional[Path], lines: int = 15) -> str:
+    if path is None or not path.exists():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+class Supervisor:
+    def __init__(self, cfg: Config, echo: Callable[[str], None] = print):
+        self.cfg = cfg
+        self.echo = echo
+        self.loops: list[Loop] = []
+        self.config_path = cfg.run_dir / "config.yaml"
+        self._interrupted = False
+
+    # ------------------------------------------------------------ plan
+    def plan(self) -> list[list[Loop]]:
+        """Loops in start waves: each wave starts once the previous one is ready."""
+        cfg = self.cfg
+        wave1 = [
+            Loop("pool", "pool", {}, _file_exists(ready_file(cfg, "pool"))),
+            Loop("serve", "serve", {}, _http_ok(f"{cfg.engine_url}/health")),
+            Loop("judge", "judge", {}, _file_exists(ready_file(cfg, "judge"))),
+            Loop("gateway", "gateway", {}, _http_ok(f"{cfg.gateway_url}/health")),
+        ]
+        world = cfg.trainer.tensor_parallel
+        master_port = str(_free_port())
+        trainers = [
+            Loop("trainer" if world == 1 else f"trainer-{r}", "train",
+                 {"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1",
+                  "MASTER_PORT": master_port},
+                 _file_exists(ready_file(cfg, "trainer")) if r == 0 else (lambda: True))
+            for r in range(world)
+        ]
+        wave2 = trainers + [Loop("rollout", "rollout", {}, _file_exists(ready_file(cfg, "rollout")))]
+        return [wave1, wave2]
+
+    # ------------------------------------------------------------ run
+    def run(self) -> int:
+        cfg = self.cfg
+        (cfg.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        save_config(cfg, self.config_path)
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            for wave in self.plan():
+                for loop in wave:
+                    self._start(loop)
+                self._wait_ready(wave)
+            self.echo(f"[run] all loops up; training {cfg.run.max_steps} steps (logs in {cfg.run_dir / 'logs'})")
+            return self._watch()
+        except LoopFailed as e:
+            self.echo(f"[run] FAILED: {e}")
+            return 1
+        except KeyboardInterrupt:
+            self.echo("[run] interrupted; stopping every loop")
+            return 130
+        finally:
+            self.stop_all()
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+    def _on_signal(self, signum, _frame) -> None:
+        raise KeyboardInterrupt
+
+    def _start(self, loop: Loop) -> None:
+        loop.log_path = self.cfg.run_dir / "logs" / f"{loop.name}.log"
+        env = {**os.environ, **loop.env, "PYTHONUNBUFFERED": "1"}
+        with open(loop.log_path, "ab") as log:
+            loop.proc = subprocess.Popen(
+                [sys.executable, "-m", "clawr1.cli", loop.command, "--config", str(self.config_path)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                start_new_session=True, preexec_fn=_die_with_parent)
+        self.loops.append(loop)
+
+    def _check_alive(self) -> None:
+        for loop in self.loops:
+            rc = loop.proc.poll()
+            if rc is not None and not (loop.name.startswith("trainer") and rc == 0):
+                raise LoopFailed(f"loop '{loop.name}' exited with code {rc}; last lines of {loop.log_path}:\n{_tail(loop.log_path)}")
+
+    def _wait_ready(self, wave: list[Loop]) -> None:
+        deadline = time.monotonic() + self.cfg.run.startup_timeout_s
+        waiting = list(wave)
+        while waiting:
+            self._check_alive()
+            waiting = [loop for loop in waiting if not loop.ready()]
+            if time.monotonic() > deadline:
+                raise LoopFailed(f"loop(s) {', '.join(l.name for l in waiting)} not ready after {self.cfg.run.startup_timeout_s:.0f}s")
+            time.sleep(0.3)
+
+    def _watch(self) -> int:
+        progress = ProgressPrinter(self.cfg.run_dir / "metrics.jsonl", self.echo)
+        trainers = [l for l in self.loops if l.name.startswith("trainer")]
+        while True:
+            progress.poll()
+            self._check_alive()
+            if all(t.proc.poll() == 0 for t in trainers):
+                progress.poll()
+                return self._finish()
+            time.sleep(0.5)
+
+    def _finish(self) -> int:
+        cfg = self.cfg
+        if cfg.rollout.eval_every:
+            done = ready_file(cfg, "rollout").with_suffix(".done")
+            deadline = time.monotonic() + 600
+            while not done.exists() and time.monotonic() < deadline:
+                self._check_alive_except_trainers()
+                time.sleep(0.5)
+        summary = {"steps": cfg.run.max_steps, "run_dir": str(cfg.run_dir)}
+        try:
+            summary["engine_weight_version"] = int(httpx.get(f"{cfg.engine_url}/get_model_info", timeout=10).json()["weight_version"])
+        except (httpx.HTTPError, KeyError, ValueError) as e:
+            summary["engine_weight_version_error"] = str(e)
+        (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        self.echo(f"[run] done: {summary}")
+        return 0
+
+    def _check_alive_except_trainers(self) -> None:
+        for loop in self.loops:
+            if not loop.name.startswith("trainer") and loop.proc.poll() is not None:
+                raise LoopFailed(f"loop '{loop.name}' exited with code {loop.proc.returncode} during the final evaluation")
+
+    def stop_all(self) -> None:
+        """SIGTERM every loop's process group, wait, then SIGKILL what is left."""
+        live = [l for l in self.loops if l.proc and l.proc.poll() is None]
+        for loop in reversed(live):
+            _signal_group(loop.proc, signal.SIGTERM)
+        deadline = time.monotonic() + self.cfg.run.stop_timeout_s
+        for loop in live:
+            try:
+                loop.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.echo(f"[run] {loop.name} did not stop in time; killing it")
+        for loop in self.loops:
+            if loop.proc:
+                _signal_group(loop.proc, signal.SIGKILL)  # also reaps grandchildren left in the group
+                loop.proc.wait()
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _free_port() -> int:
+    from clawr1.config import free_port
+
+    return free_port()
+
+
+class ProgressPrinter:
+    """Prints one line per trainer step as the trainer's metrics arrive."""
+
+    def __init__(self, path: Path, echo: Callable[[str], None]):
+        self.path, self.echo, self.offset = path, echo, 0
+
+    def poll(self) -> None:
+        if not self.path.exists():
+            return
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        for line in complete.splitlines():
+            r = json.loads(line)
+            if r.get("loop") == "trainer" and "pg_loss" in r:
+                self.echo(
+                    f"[train] step {r['step']:>3} | version {r['version']} | samples {r['samples']} | "
+                    f"reward {r['reward_mean']:+.2f} | hint rate {r['hint_rate']:.2f} | "
+                    f"loss {r['pg_loss']:+.4f} | {r['tokens_per_s']:.0f} tok/s | staleness {r['staleness_mean']:.1f}")
+            elif r.get("loop") == "rollout" and "personalization_score" in r:
+                self.echo(f"[eval]  version {r['eval_version']} | personalization score {r['personalization_score']:.3f}")
+
+
+def prepare(cfg: Config, recipe: Path, overwrite: bool) -> Config:
+    """Pick the run directory and free ports; refuse to mix two runs in one directory."""
+    import shutil
+
+    if not cfg.run.dir:
+        cfg.run.dir = str(Path("runs") / f"{recipe.parent.name}-{recipe.stem}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir = cfg.run_dir
+    if run_dir.exists() and any(run_dir.iterdir()):
+        if not overwrite:
+            raise SystemExit(f"run directory {run_dir} is not empty; choose another run.dir=... or pass --overwrite")
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return assign_free_ports(cfg)

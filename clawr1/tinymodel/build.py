@@ -1,0 +1,169 @@
+"""`clawr1 init-model`: a tiny tokenizer and Qwen2 model, built and warm-started locally.
+
+No downloads. The byte-level BPE tokenizer is trained on text shipped in the
+repo plus warm-start conversations from the personal-agent environment; the
+model is a small Qwen2-architecture network in HF format, warm-started with a
+short supervised pass on those conversations. Results are cached by a hash of
+everything that goes into them, so a second call returns at once.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import math
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from clawr1.config import ModelConfig, TinyModelConfig
+from clawr1.gateway.chat_template import CHATML_JINJA, END_OF_TEXT, IM_END, IM_START, ChatRenderer
+
+BUILD_VERSION = 1  # bump when the build procedure changes, to invalidate caches
+CORPUS_DIR = Path(__file__).parent / "corpus"
+SPECIAL_TOKENS = [END_OF_TEXT, IM_START, IM_END, "<tool_call>", "</tool_call>", "<tool_response>",
+                  "</tool_response>", "<think>", "</think>"]
+
+
+def _log(msg: str) -> None:
+    print(f"[init-model] {msg}", flush=True)
+
+
+def spec_hash(cfg: TinyModelConfig) -> str:
+    h = hashlib.sha256(json.dumps(asdict(cfg), sort_keys=True).encode())
+    h.update(str(BUILD_VERSION).encode())
+    for path in sorted(CORPUS_DIR.glob("*.txt")):
+        h.update(path.read_bytes())
+    for module in ("preferences", "questions", "warmstart", "env"):
+        h.update((Path(__file__).parents[2] / "envs" / "personal" / f"{module}.py").read_bytes())
+    return h.hexdigest()[:12]
+
+
+def _conversation_texts(convs: list[list[dict]]) -> list[str]:
+    return ["".join(f"{IM_START}{m['role']}\n{m['content']}{IM_END}\n" for m in c) for c in convs]
+
+
+def train_tokenizer(texts: list[str], vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, min_frequency=2,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=IM_END, pad_token=END_OF_TEXT,
+                                   additional_special_tokens=SPECIAL_TOKENS[3:])
+    fast.chat_template = CHATML_JINJA
+    return fast
+
+
+def build_model(cfg: TinyModelConfig, tokenizer) -> torch.nn.Module:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=cfg.max_position_embeddings, rope_theta=cfg.rope_theta, rms_norm_eps=1e-6,
+        tie_word_embeddings=True, eos_token_id=tokenizer.convert_tokens_to_ids(IM_END),
+        pad_token_id=tokenizer.convert_tokens_to_ids(END_OF_TEXT), bos_token_id=None, torch_dtype="float32",
+    )
+    torch.manual_seed(cfg.seed)
+    return Qwen2ForCausalLM(config)
+
+
+def _batches(examples: list[tuple[list[int], list[int]]], batch_size: int, steps: int, seed: int, pad_id: int):
+    """Random batches of similar-length examples (a window of the length-sorted list): little padding."""
+    g = torch.Generator().manual_seed(seed)
+    by_length = sorted(range(len(examples)), key=lambda i: len(examples[i][0]))
+    for _ in range(steps):
+        start = int(torch.randint(len(examples) - batch_size + 1, (1,), generator=g))
+        idx = by_length[start : start + batch_size]
+        width = max(len(examples[i][0]) for i in idx)
+        ids = torch.full((batch_size, width), pad_id)
+        mask = torch.zeros(batch_size, width)
+        for row, i in enumerate(idx):
+            toks, m = examples[i]
+            ids[row, : len(toks)] = torch.tensor(toks)
+            mask[row, : len(m)] = torch.tensor(m, dtype=torch.float)
+        yield ids, mask
+
+
+def warm_start(model: torch.nn.Module, tokenizer, convs: list[list[dict]], cfg: TinyModelConfig) -> list[float]:
+    """Supervised pass on assistant tokens; returns the loss curve (one value per 100 steps)."""
+    renderer = ChatRenderer(tokenizer)
+    examples = [renderer.encode_for_training(c) for c in convs]
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, weight_decay=0.01)
+    warmup = max(1, cfg.sft_steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, cfg.sft_steps) / cfg.sft_steps)))
+    model.train()
+    curve, running, t0 = [], 0.0, time.time()
+    for step, (ids, mask) in enumerate(_batches(examples, cfg.sft_batch_size, cfg.sft_steps, cfg.seed, tokenizer.pad_token_id)):
+        logits = model(input_ids=ids).logits[:, :-1]
+        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none")
+        target_mask = mask[:, 1:].reshape(-1)
+        loss = (nll * target_mask).sum() / target_mask.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        running += loss.item()
+        if (step + 1) % 100 == 0:
+            curve.append(running / 100)
+            _log(f"warm start step {step + 1}/{cfg.sft_steps} loss {running / 100:.3f} ({time.time() - t0:.0f}s)")
+            running = 0.0
+    model.eval()
+    return curve
+
+
+def build_tiny_model(cfg: TinyModelConfig, out_dir: Path) -> Path:
+    from envs.personal.warmstart import conversations
+
+    torch.manual_seed(cfg.seed)
+    convs = conversations(cfg.sft_examples, cfg.seed)
+    texts = [p.read_text() for p in sorted(CORPUS_DIR.glob("*.txt"))] + _conversation_texts(convs)
+    _log(f"training a {cfg.vocab_size}-token byte-level BPE tokenizer on {len(texts)} texts")
+    tokenizer = train_tokenizer(texts, cfg.vocab_size)
+    model = build_model(cfg, tokenizer)
+    n_params = sum(p.numel() for p in model.parameters())
+    _log(f"Qwen2 model: {cfg.num_layers} layers, hidden {cfg.hidden_size}, {n_params / 1e6:.2f}M parameters")
+    curve = warm_start(model, tokenizer, convs, cfg)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    (out_dir / "clawr1_build.json").write_text(json.dumps({"spec": asdict(cfg), "loss_curve": curve}, indent=1))
+    return out_dir
+
+
+def ensure_tiny_model(model_cfg: ModelConfig) -> Path:
+    """Path of the cached tiny model, building it first if needed (safe across processes)."""
+    cache = Path(model_cfg.cache_dir).expanduser()
+    cache.mkdir(parents=True, exist_ok=True)
+    final = cache / f"tiny-qwen2-{spec_hash(model_cfg.tiny)}"
+    with open(cache / f"{final.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second builder waits, then finds the cache
+        if (final / "config.json").exists():
+            return final
+        tmp = cache / f"{final.name}.partial"
+        shutil.rmtree(tmp, ignore_errors=True)
+        t0 = time.time()
+        build_tiny_model(model_cfg.tiny, tmp)
+        tmp.rename(final)
+        _log(f"built {final} in {time.time() - t0:.0f}s")
+    return final
+
+
+def resolve_model_path(model_cfg: ModelConfig) -> Path:
+    """The HF model directory a run uses: the configured one, or the tiny model."""
+    if model_cfg.path:
+        path = Path(model_cfg.path).expanduser()
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(f"model.path {path} holds no config.json (an HF model directory is expected)")
+        return path
+    return ensure_tiny_model(model_cfg)

@@ -1,0 +1,112 @@
+"""Personal-agent environment: one simulated user with hidden answer-style preferences.
+
+The user asks addition questions through the gateway. When an answer violates
+its profile it either corrects the agent with a directive ("No. Please put the
+answer in <ans> tags.") or, some of the time, just re-asks. When the answer
+fits, it thanks the agent and moves on to the next question. The last turn of
+a session gets an explicit outcome through the gateway's complete endpoint.
+
+The personalization score is the fraction of held-out first responses (new
+sessions, questions never trained on) that satisfy every preference of the
+profile.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Optional, Protocol
+
+from envs.personal.preferences import KINDS, OPTIONS, Style, directive_text, violations
+from envs.personal.questions import heldout_questions, train_question
+
+SYSTEM_PROMPT = "You are a helpful assistant."
+MOVE_ON = ("Thanks! Next question: {q}", "Great, thank you. {q}", "Got it. Now: {q}")
+REASK = ("Hmm. {q}", "Let me ask again. {q}", "{q}")
+STILL_WRONG = "Still not what I asked for. {directive}"
+
+
+class ChatClient(Protocol):
+    """What an environment needs from the rollout loop (implemented over the gateway)."""
+
+    async def chat(self, session_id: str, messages: list[dict], *, side: bool = False, seed: Optional[int] = None) -> str: ...
+
+    async def complete(self, session_id: str, reward: float, text: str = "") -> None: ...
+
+
+@dataclass
+class PersonalEnvConfig:
+    kinds: list[str] = field(default_factory=lambda: list(KINDS))  # preference kinds the user cares about
+    profile_seed: int = 0
+    questions_per_session: int = 2
+    max_corrections: int = 1
+    implicit_rate: float = 0.2  # share of violations answered by re-asking instead of a directive
+
+    def __post_init__(self) -> None:
+        unknown = [k for k in self.kinds if k not in KINDS]
+        if unknown or not self.kinds:
+            raise ValueError(f"personal env: kinds must be a non-empty subset of {list(KINDS)}, got {self.kinds}")
+
+
+def make_profile(seed: int, kinds: list[str]) -> Style:
+    """The hidden preferences of the user with this seed; different seeds give different users."""
+    rng = random.Random(f"profile-{seed}")
+    return {kind: rng.choice(OPTIONS[kind]) for kind in kinds}
+
+
+class PersonalEnv:
+    def __init__(self, args: dict[str, Any], seed: int = 0):
+        self.cfg = PersonalEnvConfig(**args)
+        self.profile = make_profile(self.cfg.profile_seed, self.cfg.kinds)
+        self.seed = seed
+
+    def describe(self) -> dict[str, Any]:
+        return {"profile": self.profile}
+
+    async def episode(self, client: ChatClient, session_id: str, rng: random.Random) -> dict[str, float]:
+        """One session of a few questions. Returns episode metrics."""
+        messages = [{"role": "system", "content": SYSTEM_PROMPT}]
+        first_ok = corrections = reasks = 0
+        next_user = (question := train_question(rng)).text
+        satisfied = False
+        for q_index in range(self.cfg.questions_per_session):
+            tries = 0
+            while True:
+                messages.append({"role": "user", "content": next_user})
+                answer = await client.chat(session_id, messages)
+                messages.append({"role": "assistant", "content": answer})
+                wrong = violations(answer, self.profile)
+                satisfied = not wrong
+                if tries == 0:
+                    first_ok += satisfied
+                if satisfied or tries >= self.cfg.max_corrections:
+                    break
+                tries += 1
+                if rng.random() < self.cfg.implicit_rate:
+                    reasks += 1
+                    next_user = rng.choice(REASK).format(q=question.text)
+                else:
+                    corrections += 1
+                    next_user = "No. " + directive_text(wrong)
+            if q_index + 1 < self.cfg.questions_per_session:
+                question = train_question(rng)
+                prefix = "" if satisfied else STILL_WRONG.format(directive=directive_text(wrong)) + " "
+                next_user = prefix + rng.choice(MOVE_ON).format(q=question.text)
+        await client.complete(session_id, reward=1.0 if satisfied else -1.0,
+                              text="" if satisfied else directive_text(violations(answer, self.profile)))
+        n = self.cfg.questions_per_session
+        return {"first_try_ok": first_ok / n, "corrections": corrections, "reasks": reasks}
+
+    async def evaluate(self, client: ChatClient, n: int, session_prefix: str) -> dict[str, float]:
+        """Personalization score on held-out first responses (side turns: they never train)."""
+        hits = 0
+        per_kind = {kind: 0 for kind in self.profile}
+        for i, q in enumerate(heldout_questions(n, self.seed)):
+            messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": q.text}]
+            answer = await client.chat(f"{session_prefix}-{i}", messages, side=True, seed=self.seed * 100_003 + i)
+            wrong = violations(answer, self.profile)
+            hits += not wrong
+            for kind in self.profile:
+                per_kind[kind] += kind not in wrong
+        out = {"personalization_score": hits / n}
+        out.update({f"pref_{kind}": c / n for kind, c in per_kind.items()})
+        return out

@@ -1,0 +1,134 @@
+"""Answer-style preferences a simulated user can hold, and how to check them.
+
+An answer is built from independent parts, each chosen from a small set of
+options. A user profile fixes one option per kind; a response satisfies the
+profile when every part matches. The tiny model learns every option during its
+warm start, so RL only has to shift which option it prefers.
+
+    [opener] [answer in some format, units in some style] [explanation] [closing]
+    "Sure! The answer is 7 kilometers, since 3 + 4 = 7. Hope this helps!"
+"""
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+UNIT_WORDS = {
+    "km": "kilometers", "m": "meters", "cm": "centimeters", "kg": "kilograms",
+    "g": "grams", "L": "liters", "h": "hours", "min": "minutes",
+}
+
+KINDS = ("format", "units", "tone", "length", "closing")
+
+OPTIONS: dict[str, tuple[str, ...]] = {
+    "format": ("plain", "tags", "sentence"),
+    "units": ("symbol", "word"),
+    "tone": ("none", "sure", "certainly"),
+    "length": ("short", "explain"),
+    "closing": ("none", "thanks"),
+}
+
+# What a user says to ask for an option, phrased as a directive (used both in
+# corrections and in the warm-start data so the model learns to follow them).
+DIRECTIVES: dict[str, dict[str, str]] = {
+    "format": {
+        "plain": "give just the number with its unit, nothing else around it",
+        "tags": "put the answer in <ans> tags",
+        "sentence": "answer in a full sentence starting with 'The answer is'",
+    },
+    "units": {
+        "symbol": "write units as symbols like km",
+        "word": "spell out the units like kilometers",
+    },
+    "tone": {
+        "none": "skip the pleasantries at the start",
+        "sure": "start your reply with 'Sure!'",
+        "certainly": "start your reply with 'Certainly.'",
+    },
+    "length": {
+        "short": "do not explain, just answer",
+        "explain": "explain the sum after the answer",
+    },
+    "closing": {
+        "none": "no sign-off at the end",
+        "thanks": "end with 'Hope this helps!'",
+    },
+}
+
+OPENERS = {"none": "", "sure": "Sure! ", "certainly": "Certainly. "}
+CLOSINGS = {"none": "", "thanks": " Hope this helps!"}
+
+
+@dataclass(frozen=True)
+class Question:
+    text: str
+    a: int
+    b: int
+    unit: str
+
+    @property
+    def answer(self) -> int:
+        return self.a + self.b
+
+
+Style = dict[str, str]  # kind -> option
+
+
+def random_style(rng: random.Random) -> Style:
+    return {kind: rng.choice(OPTIONS[kind]) for kind in KINDS}
+
+
+def render_answer(q: Question, style: Style) -> str:
+    unit = q.unit if style["units"] == "symbol" else UNIT_WORDS[q.unit]
+    value = f"{q.answer} {unit}"
+    core = {"plain": value, "tags": f"<ans>{value}</ans>", "sentence": f"The answer is {value}."}[style["format"]]
+    if style["length"] == "explain":
+        core += f" Because {q.a} + {q.b} = {q.answer}."
+    return OPENERS[style["tone"]] + core + CLOSINGS[style["closing"]]
+
+
+def directive_text(wanted: Style) -> str:
+    """'Please put the answer in <ans> tags and end with ...' for the given kinds."""
+    parts = [DIRECTIVES[kind][option] for kind, option in wanted.items()]
+    if not parts:
+        return ""
+    body = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+    return f"Please {body}."
+
+
+# ---------------------------------------------------------------- checking
+_OPENER_RE = {"sure": re.compile(r"^Sure! "), "certainly": re.compile(r"^Certainly\. ")}
+_NUMBER_UNIT = r"(-?\d+) ([A-Za-z]+)"
+
+
+def parse_style(text: str) -> Style:
+    """Read which option of each kind a response shows ('?' where none fits)."""
+    text = text.strip()
+    style: Style = {}
+    style["tone"] = next((k for k, r in _OPENER_RE.items() if r.search(text)), "none")
+    rest = text[len(OPENERS[style["tone"]]):] if style["tone"] != "none" else text
+    style["closing"] = "thanks" if rest.endswith("Hope this helps!") else "none"
+    if style["closing"] == "thanks":
+        rest = rest[: -len("Hope this helps!")].rstrip()
+    explained = re.search(r" Because \d+ \+ \d+ = \d+\.$", rest)
+    style["length"] = "explain" if explained else "short"
+    if explained:
+        rest = rest[: explained.start()]
+    if m := re.fullmatch(rf"<ans>{_NUMBER_UNIT}</ans>", rest):
+        style["format"] = "tags"
+    elif m := re.fullmatch(rf"The answer is {_NUMBER_UNIT}\.", rest):
+        style["format"] = "sentence"
+    elif m := re.fullmatch(_NUMBER_UNIT, rest):
+        style["format"] = "plain"
+    else:
+        style["format"] = "?"
+    unit = m.group(2) if m else ""
+    style["units"] = "symbol" if unit in UNIT_WORDS else "word" if unit in UNIT_WORDS.values() else "?"
+    return style
+
+
+def violations(text: str, profile: Style) -> Style:
+    """The profile's options that the response does not show, by kind."""
+    shown = parse_style(text)
+    return {kind: option for kind, option in profile.items() if shown.get(kind) != option}

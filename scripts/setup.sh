@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Set up (or refresh) the project's virtual environment on a CPU machine. Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+# The CPU build of torch, pinned: an unpinned torch would pull several GB of CUDA wheels.
+.venv/bin/python -m pip install -q "torch==2.13.0"
+.venv/bin/python -m pip install -q -e ".[test]"

@@ -1,0 +1,35 @@
+"""clawr1: train LLM agents by reinforcement learning while they are used."""
+from setuptools import find_packages, setup
+
+setup(
+    name="clawr1",
+    version="0.1.0",
+    description="Asynchronous agentic RL: serving, rollout, judge and Megatron trainer over ZeroMQ",
+    python_requires=">=3.10",
+    packages=find_packages(include=["clawr1", "clawr1.*", "envs", "envs.*"]),
+    package_data={"clawr1": ["tinymodel/corpus/*.txt"], "envs": ["*/data/*"]},
+    install_requires=[
+        # On CPU machines install torch==2.13.0 first (see README); any torch>=2.4 satisfies this.
+        "torch>=2.4",
+        "megatron-core>=0.16,<0.17",
+        "transformers>=4.56,<6",
+        "tokenizers>=0.20",
+        "safetensors>=0.4",
+        "pyzmq>=25",
+        "msgspec>=0.18",
+        "fastapi>=0.110",
+        "uvicorn>=0.29",
+        "httpx>=0.27",
+        "openai>=1.40",
+        "pyyaml>=6",
+        "numpy>=1.26",
+        "wandb>=0.17",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6"],
+        # Never install these on a CPU machine: TransformerEngine's meta package breaks megatron.core.
+        "gpu": ["sglang[srt]", "transformer-engine[pytorch]"],
+        "cluster": ["ray[default]>=2.9"],
+    },
+    entry_points={"console_scripts": ["clawr1=clawr1.cli:main"]},
+)

@@ -1,0 +1,72 @@
+import asyncio
+import random
+
+from envs.personal.env import PersonalEnv, make_profile
+from envs.personal.preferences import KINDS, OPTIONS, directive_text, parse_style, random_style, render_answer, violations
+from envs.personal.questions import Question, heldout_questions, train_question
+
+
+def test_every_rendered_style_parses_back_to_itself():
+    q = Question("q", 3, 4, "km")
+    for seed in range(200):
+        style = random_style(random.Random(seed))
+        assert parse_style(render_answer(q, style)) == style
+
+
+def test_examples_of_parsing():
+    assert parse_style("Sure! <ans>7 kilometers</ans> Because 3 + 4 = 7. Hope this helps!") == {
+        "tone": "sure", "closing": "thanks", "length": "explain", "format": "tags", "units": "word"}
+    assert parse_style("7 km")["format"] == "plain"
+    assert parse_style("seven")["format"] == "?"
+
+
+def test_violations_name_only_what_differs():
+    profile = {"format": "tags", "units": "word"}
+    assert violations("<ans>7 kilometers</ans>", profile) == {}
+    assert violations("7 kilometers", profile) == {"format": "tags"}
+
+
+def test_directive_text_joins_requests():
+    assert directive_text({"format": "tags"}) == "Please put the answer in <ans> tags."
+    assert directive_text({"format": "tags", "closing": "thanks"}) == \
+        "Please put the answer in <ans> tags and end with 'Hope this helps!'."
+
+
+def test_profiles_differ_across_seeds_and_cover_kinds():
+    profiles = [make_profile(s, list(KINDS)) for s in range(20)]
+    assert len({tuple(sorted(p.items())) for p in profiles}) > 10
+    assert all(p[k] in OPTIONS[k] for p in profiles for k in KINDS)
+
+
+def test_heldout_questions_never_appear_in_training():
+    rng = random.Random(0)
+    train = {train_question(rng).text for _ in range(5000)}
+    assert not train & {q.text for q in heldout_questions(200)}
+
+
+class ScriptedAgent:
+    """Answers with a fixed style first, then obeys nothing: to check the user's reactions."""
+
+    def __init__(self, answers):
+        self.answers, self.seen, self.completed = list(answers), [], None
+
+    async def chat(self, session_id, messages, *, side=False, seed=None):
+        self.seen.append([dict(m) for m in messages])
+        return self.answers.pop(0)
+
+    async def complete(self, session_id, reward, text=""):
+        self.completed = (reward, text)
+
+
+def test_user_corrects_with_a_directive_then_moves_on():
+    env = PersonalEnv({"kinds": ["format"], "profile_seed": 0, "questions_per_session": 2, "implicit_rate": 0.0})
+    wanted = env.profile["format"]
+    good = render_answer(Question("q", 1, 1, "g"), {"format": wanted, "units": "symbol", "tone": "none",
+                                                   "length": "short", "closing": "none"})
+    bad = "nonsense"
+    agent = ScriptedAgent([bad, good, good])
+    result = asyncio.run(env.episode(agent, "s", random.Random(1)))
+    correction = agent.seen[1][-1]["content"]
+    assert correction.startswith("No. Please ")
+    assert agent.seen[2][-1]["content"].split(":")[0] in ("Thanks! Next question", "Got it. Now") or "Great" in agent.seen[2][-1]["content"]
+    assert agent.completed == (1.0, "") and result["first_try_ok"] == 0.5 and result["corrections"] == 1

@@ -1,0 +1,77 @@
+import pytest
+
+from clawr1.pool.store import PoolError, SamplePool
+from clawr1.protocol import Batch, BatchRequest, NoBatch, Sample
+
+
+def sample(i: int, version: int = 0) -> Sample:
+    return Sample(sample_id=f"s{i}", group_id=f"s{i}", tokens=[1, 2, 3], prompt_len=2, loss_mask=[1],
+                  rollout_logprobs=[-0.5], versions=[version], reward=1.0)
+
+
+def req(last: int, size: int = 2, version: int = 0) -> BatchRequest:
+    return BatchRequest(trainer_version=version, last_batch_id=last, batch_size=size)
+
+
+def test_batches_in_arrival_order_and_no_batch_when_short(tmp_path):
+    pool = SamplePool(tmp_path, max_staleness=4, fsync=False)
+    assert all(a.ok for a in pool.add([sample(0), sample(1), sample(2)]))
+    b1 = pool.next_batch(req(0))
+    assert isinstance(b1, Batch) and b1.batch_id == 1 and [s.sample_id for s in b1.samples] == ["s0", "s1"]
+    nb = pool.next_batch(req(1))
+    assert isinstance(nb, NoBatch) and nb.pending == 1
+
+
+def test_duplicates_are_acked_once_and_invalid_samples_nacked(tmp_path):
+    pool = SamplePool(tmp_path, max_staleness=4, fsync=False)
+    pool.add([sample(0)])
+    bad = sample(1)
+    bad.rollout_logprobs = []
+    acks = pool.add([sample(0), bad])
+    assert acks[0].ok and not acks[1].ok and "rollout_logprobs" in acks[1].error
+    assert pool.stats().received == 1
+
+
+def test_full_pool_asks_to_retry(tmp_path):
+    pool = SamplePool(tmp_path, max_staleness=4, max_pending=2, fsync=False)
+    acks = pool.add([sample(0), sample(1), sample(2)])
+    assert [a.ok for a in acks] == [True, True, False] and "retry" in acks[2].error
+
+
+def test_restart_replays_uncommitted_leases_and_keeps_acked_samples(tmp_path):
+    pool = SamplePool(tmp_path, max_staleness=4)
+    pool.add([sample(i) for i in range(5)])
+    first = pool.next_batch(req(0))
+    second = pool.next_batch(req(1))
+    pool.commit(1)
+    pool.close()  # as good as kill -9: everything above was fsynced before returning
+
+    pool = SamplePool(tmp_path, max_staleness=4)
+    assert pool.committed_batch_id == 1
+    again = pool.next_batch(req(1))  # the trainer resumes after batch 1: batch 2 comes back unchanged
+    assert again.batch_id == 2 and again.samples == second.samples
+    third = pool.next_batch(req(2, size=1))
+    assert [s.sample_id for s in third.samples] == ["s4"]
+    trained = [s.sample_id for b in (first, again, third) for s in b.samples]
+    assert sorted(trained) == [f"s{i}" for i in range(5)] and len(set(trained)) == 5
+
+
+def test_committed_batches_cannot_be_served_again(tmp_path):
+    pool = SamplePool(tmp_path, max_staleness=4, fsync=False)
+    pool.add([sample(0), sample(1)])
+    pool.next_batch(req(0))
+    pool.commit(1)
+    pool.commit(1)  # idempotent
+    with pytest.raises(PoolError, match="already committed"):
+        pool.next_batch(req(0))
+    with pytest.raises(PoolError, match="never leased"):
+        pool.commit(5)
+
+
+def test_stale_samples_are_dropped_and_counted(tmp_path):
+    pool = SamplePool(tmp_path, max_staleness=2, fsync=False)
+    pool.add([sample(0, version=0), sample(1, version=5), sample(2, version=6)])
+    b = pool.next_batch(req(0, size=2, version=6))
+    assert [s.sample_id for s in b.samples] == ["s1", "s2"] and b.dropped_stale == 1
+    pool.close()
+    assert SamplePool(tmp_path, max_staleness=2, fsync=False).dropped_stale == 1
