@@ -26,10 +26,16 @@ def _parser() -> argparse.ArgumentParser:
         s = sub.add_parser(name, help=help_text)
         s.add_argument("--config", required=True, help="the run's config YAML")
         s.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.lr=1e-5")
+        if name == "train":
+            s.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     r = sub.add_parser("run", help="run every loop of a recipe as local processes")
     r.add_argument("recipe", help="a recipe config, e.g. recipes/combined/cpu.yaml")
     r.add_argument("overrides", nargs="*", help="dotted overrides, e.g. run.max_steps=4 run.dir=runs/try1")
     r.add_argument("--overwrite", action="store_true", help="empty an existing run directory first")
+    r.add_argument("--resume", action="store_true", help="continue the run in run.dir from its newest checkpoint")
+    e = sub.add_parser("export", help="write a trainer checkpoint as an HF safetensors directory")
+    e.add_argument("checkpoint", help="RUN_DIR/checkpoints/stepNNNNNN")
+    e.add_argument("out_dir")
     m = sub.add_parser("init-model", help="build (or find cached) the tiny tokenizer + Qwen2 model")
     m.add_argument("out_dir", nargs="?", help="also copy the model here")
     m.add_argument("--config", help="config YAML whose model.tiny section to use")
@@ -38,15 +44,27 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)  # overrides may also come after flags
+    unknown = [a for a in extra if a.startswith("-") or "=" not in a]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    args.overrides = [*getattr(args, "overrides", []), *extra]
     try:
         if args.command in LOOPS:
             cfg = load_config(args.config, args.overrides)
+            if getattr(args, "resume", False):
+                cfg.trainer.resume = True
             return importlib.import_module(LOOPS[args.command][0]).main(cfg)
         if args.command == "run":
             return _run(args)
         if args.command == "init-model":
             return _init_model(args)
+        if args.command == "export":
+            from clawr1.trainer.export import export_checkpoint
+
+            print(export_checkpoint(Path(args.checkpoint), Path(args.out_dir)))
+            return 0
     except ConfigError as e:
         print(f"clawr1: config error: {e}", file=sys.stderr)
         return 2
@@ -59,7 +77,7 @@ def _run(args) -> int:
     from clawr1.tracking import WandbForwarder
 
     recipe = Path(args.recipe)
-    cfg = prepare(load_config(recipe, args.overrides), recipe, args.overwrite)
+    cfg = prepare(load_config(recipe, args.overrides), recipe, args.overwrite, args.resume)
     print(f"[run] {recipe} -> {cfg.run_dir}", flush=True)
     print(f"[run] model: {resolve_model_path(cfg.model)}", flush=True)  # builds the tiny model once, here
     tracker = WandbForwarder(cfg)

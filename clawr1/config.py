@@ -129,16 +129,26 @@ class PoolConfig:
 @dataclass
 class TrainerConfig:
     lr: float = 1e-4
-    weight_decay: float = 0.0
+    lr_schedule: str = "constant"  # constant | cosine (linear warmup, then cosine down to min_lr_ratio * lr)
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0  # applied to matrices only, not to norms and biases
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    grad_clip: float = 1.0
+    adam_eps: float = 1e-8
+    grad_clip: float = 1.0  # max global grad norm (0: no clipping)
     max_tokens_per_microbatch: int = 4096
+    logprob_chunk_tokens: int = 1024  # log-probs are computed this many tokens at a time
     num_threads: int = 1
     tensor_parallel: int = 1
+    data_parallel: int = 1
+    precision: str = "fp32"  # fp32 | bf16 (bf16 needs CUDA)
+    transformer_engine: str = "auto"  # auto (use it when CUDA and TE are present) | on | off
     host: str = "127.0.0.1"
     publish_port: int = 0  # PUB socket announcing WeightsPublished
     keep_weight_versions: int = 2  # how many published weight directories stay on disk
-    checkpoint_every: int = 0  # 0: never
+    checkpoint_every: int = 0  # steps between checkpoints; 0: never (each batch is committed right after its step)
+    keep_checkpoints: int = 2
+    resume: bool = False  # continue from the newest checkpoint in the run directory
     batch_wait_timeout_s: float = 600.0  # fail loudly if no batch arrives for this long
 
 

@@ -86,7 +86,7 @@ class Supervisor:
             Loop("judge", "judge", {}, _file_exists(ready_file(cfg, "judge"))),
             Loop("gateway", "gateway", {}, _http_ok(f"{cfg.gateway_url}/health")),
         ]
-        world = cfg.trainer.tensor_parallel
+        world = cfg.trainer.tensor_parallel * cfg.trainer.data_parallel
         master_port = str(_free_port())
         trainers = [
             Loop("trainer" if world == 1 else f"trainer-{r}", "train",
@@ -218,7 +218,8 @@ class ProgressPrinter:
     """Prints one line per trainer step as the trainer's metrics arrive."""
 
     def __init__(self, path: Path, echo: Callable[[str], None]):
-        self.path, self.echo, self.offset = path, echo, 0
+        self.path, self.echo = path, echo
+        self.offset = path.stat().st_size if path.exists() else 0  # a resumed run: only new records
 
     def poll(self) -> None:
         if not self.path.exists():
@@ -239,16 +240,24 @@ class ProgressPrinter:
                 self.echo(f"[eval]  version {r['eval_version']} | personalization score {r['personalization_score']:.3f}")
 
 
-def prepare(cfg: Config, recipe: Path, overwrite: bool) -> Config:
+def prepare(cfg: Config, recipe: Path, overwrite: bool, resume: bool = False) -> Config:
     """Pick the run directory and free ports; refuse to mix two runs in one directory."""
     import shutil
 
     if not cfg.run.dir:
+        if resume:
+            raise SystemExit("--resume needs the run directory: add run.dir=RUN_DIR")
         cfg.run.dir = str(Path("runs") / f"{recipe.parent.name}-{recipe.stem}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir = cfg.run_dir
-    if run_dir.exists() and any(run_dir.iterdir()):
+    if resume:
+        if not (run_dir / "pool").is_dir():
+            raise SystemExit(f"--resume: {run_dir} holds no earlier run (no pool/ directory)")
+        cfg.trainer.resume = True
+        shutil.rmtree(run_dir / "state", ignore_errors=True)  # readiness markers of the earlier run
+    elif run_dir.exists() and any(run_dir.iterdir()):
         if not overwrite:
-            raise SystemExit(f"run directory {run_dir} is not empty; choose another run.dir=... or pass --overwrite")
+            raise SystemExit(f"run directory {run_dir} is not empty; choose another run.dir=..., "
+                             f"pass --resume to continue it, or --overwrite to replace it")
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     return assign_free_ports(cfg)

@@ -177,12 +177,13 @@ async def run(cfg: Config, stop: asyncio.Event) -> None:
                 await asyncio.wait_for(stop.wait(), timeout=10)
             except asyncio.TimeoutError:
                 ro.report()
+        log.info("stopping: %d episodes done", ro.episodes)
     finally:
         ro.report()
         for t in tasks:
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await chat.close()
+        await asyncio.wait(tasks, timeout=5)
+        await asyncio.wait_for(chat.close(), timeout=5)
 
 
 def main(cfg: Config) -> int:

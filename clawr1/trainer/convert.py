@@ -144,3 +144,34 @@ def _pad_vocab(t: Tensor, padded: int | None) -> Tensor:
     if padded is None or padded == t.shape[0]:
         return t
     return torch.cat([t, t.new_zeros(padded - t.shape[0], *t.shape[1:])], dim=0)
+
+
+# TransformerEngine layer specs fuse each pre-norm into the linear after it.
+_TE_FUSED_NORMS = {
+    "input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight",
+    "pre_mlp_layernorm.weight": "mlp.linear_fc1.layer_norm_weight",
+}
+
+
+def to_te_names(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Local-spec megatron names -> TransformerEngine-spec names."""
+    out = {}
+    for name, t in state.items():
+        for local, te in _TE_FUSED_NORMS.items():
+            if name.endswith(local):
+                name = name[: -len(local)] + te
+        out[name] = t
+    return out
+
+
+def from_te_names(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """TransformerEngine-spec names -> local-spec megatron names (extra TE state dropped)."""
+    out = {}
+    for name, t in state.items():
+        if name.endswith("_extra_state"):
+            continue
+        for local, te in _TE_FUSED_NORMS.items():
+            if name.endswith(te):
+                name = name[: -len(te)] + local
+        out[name] = t
+    return out

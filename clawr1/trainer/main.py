@@ -1,18 +1,24 @@
 """`clawr1 train`: the trainer loop, top to bottom.
 
-    build the Megatron policy from the HF weights
-    repeat run.max_steps times:
-        ask the pool for the next batch (wait while it has too few samples)
-        one optimizer step on it
-        publish the new weights to the engines (version = step)
-        commit the batch to the pool
+    build the Megatron policy from the HF weights (or resume from the newest checkpoint)
+    repeat until run.max_steps:
+        rank 0 asks the pool for the batch after the last one trained; every rank gets it
+        one optimizer step (each data-parallel rank on its share)
+        publish the new weights to the engines (version + 1)
+        every trainer.checkpoint_every steps: checkpoint, then commit the batches to the pool
+
+A batch is committed only once a checkpoint holds its effect, so after a crash
+the trainer resumes from its checkpoint and the pool serves the uncommitted
+batches again, identically: no acknowledged sample is lost or trained twice.
 """
 from __future__ import annotations
 
 import logging
 import time
+from typing import Optional
 
 import torch
+import torch.distributed as dist
 
 from clawr1 import bus
 from clawr1.config import Config
@@ -20,8 +26,10 @@ from clawr1.protocol import Batch, BatchRequest, Commit, NoBatch
 from clawr1.runtime import mark_ready, setup_logging, stop_event
 from clawr1.tinymodel.build import resolve_model_path
 from clawr1.tracking import MetricsWriter
-from clawr1.trainer.megatron_setup import init_parallel, shutdown_parallel
-from clawr1.trainer.model import build_policy
+from clawr1.trainer import checkpoint
+from clawr1.trainer.megatron_setup import ParallelInfo, init_parallel, shutdown_parallel
+from clawr1.trainer.model import Policy, build_policy
+from clawr1.trainer.optim import MegatronDistributedAdam, TorchAdamW, wrap_ddp
 from clawr1.trainer.publish import WeightPublisher, gather_hf_state
 from clawr1.trainer.step import train_step
 
@@ -33,9 +41,9 @@ class NoDataError(RuntimeError):
 
 
 def wait_for_batch(pool: bus.RpcClient, version: int, last_batch_id: int, batch_size: int, timeout_s: float,
-                   stop) -> Batch | None:
+                   stop) -> Optional[Batch]:
     deadline = time.monotonic() + timeout_s
-    reported = 0.0
+    reported = time.monotonic()
     while not stop.is_set():
         reply = pool.call(BatchRequest(trainer_version=version, last_batch_id=last_batch_id, batch_size=batch_size))
         if isinstance(reply, Batch):
@@ -50,10 +58,141 @@ def wait_for_batch(pool: bus.RpcClient, version: int, last_batch_id: int, batch_
     return None
 
 
+def broadcast(obj, par: ParallelInfo):
+    """Rank 0's object on every rank."""
+    if par.world_size == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def use_transformer_engine(setting: str) -> bool:
+    if setting == "off" or not torch.cuda.is_available():
+        if setting == "on":
+            raise RuntimeError("trainer.transformer_engine=on needs CUDA")
+        return False
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError:
+        if setting == "on":
+            raise RuntimeError("trainer.transformer_engine=on but transformer_engine is not installed") from None
+        return False
+    return True
+
+
+def build(cfg: Config, par: ParallelInfo, model_path) -> tuple[Policy, object]:
+    t = cfg.trainer
+    cuda = torch.cuda.is_available()
+    if t.precision not in ("fp32", "bf16") or (t.precision == "bf16" and not cuda):
+        raise ValueError(f"trainer.precision={t.precision!r}: use fp32, or bf16 on CUDA")
+    dtype = torch.bfloat16 if t.precision == "bf16" else torch.float32
+    policy = build_policy(model_path, par.tp, par.tp_rank, dtype=dtype, use_te=use_transformer_engine(t.transformer_engine))
+    if cuda:
+        policy.model.cuda()
+        ddp = wrap_ddp(policy.model)
+        return policy, MegatronDistributedAdam(ddp, t, cfg.run.max_steps, bf16=dtype == torch.bfloat16)
+    return policy, TorchAdamW(policy.model, t, cfg.run.max_steps, par.tp, par.dp)
+
+
 def progress_line(step: int, max_steps: int, version: int, stats: dict) -> str:
     return (f"step {step}/{max_steps} | version {version} | samples {stats['samples']} | "
             f"reward {stats['reward_mean']:+.3f} | hint rate {stats['hint_rate']:.2f} | "
             f"loss {stats['pg_loss']:+.4f} | {stats['tokens_per_s']:.0f} tok/s")
+
+
+class Trainer:
+    def __init__(self, cfg: Config, par: ParallelInfo):
+        self.cfg, self.par = cfg, par
+        self.lead = par.rank == 0
+        self.model_path = resolve_model_path(cfg.model)
+        self.policy, self.optimizer = build(cfg, par, self.model_path)
+        self.pool = bus.RpcClient(cfg.pool_batches_addr, timeout_s=60.0) if self.lead else None
+        self.publisher = WeightPublisher(cfg, self.model_path) if self.lead else None
+        self.metrics = MetricsWriter(cfg.run_dir, "trainer") if self.lead else None
+        self.ckpt_root = cfg.run_dir / "checkpoints"
+        self.step = self.version = self.last_batch_id = 0
+
+    def resume(self) -> None:
+        path = broadcast(checkpoint.latest(self.ckpt_root) if self.lead else None, self.par)
+        if path is None:
+            log.info("no checkpoint to resume from in %s: starting fresh", self.ckpt_root)
+            return
+        meta = checkpoint.load(path, self.policy.model, self.optimizer, self.par.tp, self.par.dp)
+        self.step, self.last_batch_id = meta.step, meta.last_batch_id
+        engines = max(self.publisher.engine_versions()) if self.lead else 0
+        self.version = broadcast(max(meta.version, engines), self.par)  # versions only ever go up
+        log.info("resumed from %s: step %d, batch %d, weight version %d", path, self.step, self.last_batch_id, self.version)
+        if self.lead and self.last_batch_id:
+            self.pool.call(Commit(batch_id=self.last_batch_id))  # idempotent; the crash may have come before it
+        self.publish()  # the engines get the checkpoint's weights back
+
+    def publish(self) -> None:
+        self.version += 1
+        hf_state = gather_hf_state(self.policy)
+        if self.lead:
+            self.publisher.publish(hf_state, version=self.version, step=self.step)
+
+    def checkpoint_and_commit(self, force: bool = False) -> None:
+        every = self.cfg.trainer.checkpoint_every
+        if every and (force or self.step % every == 0):
+            meta = checkpoint.CheckpointMeta(step=self.step, version=self.version, last_batch_id=self.last_batch_id,
+                                             base_model=str(self.model_path), tp=self.par.tp, dp=self.par.dp,
+                                             family=self.policy.arch.family)
+            checkpoint.save(self.ckpt_root, meta, self.policy.model, self.optimizer, self.cfg.trainer.keep_checkpoints)
+        if self.lead and (not every or force or self.step % every == 0):
+            self.pool.call(Commit(batch_id=self.last_batch_id))
+
+    def next_batch(self, stop) -> Optional[Batch]:
+        batch = None
+        if self.lead:
+            batch = wait_for_batch(self.pool, self.version, self.last_batch_id, self.cfg.pool.batch_size,
+                                   self.cfg.trainer.batch_wait_timeout_s, stop)
+        return broadcast(batch, self.par)
+
+    def train_one(self, batch: Batch) -> dict:
+        t = self.cfg.trainer
+        t0 = time.monotonic()
+        stats = train_step(self.policy, self.optimizer, batch.samples, self.cfg.algo, t.max_tokens_per_microbatch,
+                           t.logprob_chunk_tokens, self.par.dp_rank, self.par.dp)
+        train_s = time.monotonic() - t0
+        trained_at = self.version
+        self.step += 1
+        self.last_batch_id = batch.batch_id
+        self.publish()
+        self.checkpoint_and_commit()
+        stale = [trained_at - min(s.versions) for s in batch.samples]
+        stats.update(
+            tokens_per_s=stats["tokens"] / train_s, train_s=train_s, step_s=time.monotonic() - t0,
+            staleness_mean=sum(stale) / len(stale), staleness_max=max(stale),
+            max_token_version=max(max(s.versions) for s in batch.samples), trained_at_version=trained_at,
+            dropped_stale=batch.dropped_stale, pool_pending=batch.pending, batch_id=batch.batch_id, version=self.version,
+        )
+        return stats
+
+    def run(self, stop) -> int:
+        max_steps = self.cfg.run.max_steps
+        while self.step < max_steps:
+            batch = self.next_batch(stop)
+            if batch is None:
+                log.info("stopped before step %d", self.step + 1)
+                return 0
+            stats = self.train_one(batch)
+            if self.lead:
+                self.metrics.log(stats, step=self.step)
+                log.info(progress_line(self.step, max_steps, self.version, stats))
+        if self.cfg.trainer.checkpoint_every and self.step % self.cfg.trainer.checkpoint_every:
+            self.checkpoint_and_commit(force=True)  # the final state is always resumable
+        if self.lead:
+            versions = self.publisher.engine_versions()
+            self.metrics.log({"final_engine_versions": versions, "final_version": self.version}, step=self.step)
+            log.info("done: %d steps, engine weight versions %s", self.step, versions)
+        return 0
+
+    def close(self) -> None:
+        for closable in (self.pool, self.publisher, self.metrics):
+            if closable is not None:
+                closable.close()
 
 
 def main(cfg: Config) -> int:
@@ -61,49 +200,18 @@ def main(cfg: Config) -> int:
     stop = stop_event()
     torch.set_num_threads(cfg.trainer.num_threads)
     par = init_parallel(cfg.trainer.tensor_parallel, seed=cfg.run.seed)
-    model_path = resolve_model_path(cfg.model)
-    policy = build_policy(model_path, par.tp, par.tp_rank)
-    t = cfg.trainer
-    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=t.lr, betas=tuple(t.adam_betas), weight_decay=t.weight_decay)
-    pool = bus.RpcClient(cfg.pool_batches_addr, timeout_s=60.0)
-    lead = par.rank == 0
-    publisher = WeightPublisher(cfg, model_path) if lead else None
-    metrics = MetricsWriter(cfg.run_dir, "trainer")
-    mark_ready(cfg, "trainer")
-    log.info("trainer ready: %s, tp=%d dp=%d, %d steps", policy.arch.family, par.tp, par.dp, cfg.run.max_steps)
-    step, last_batch_id = 0, 0
+    if par.dp != cfg.trainer.data_parallel:
+        raise ValueError(f"{par.world_size} processes with tensor_parallel={par.tp} give data_parallel={par.dp}, "
+                         f"but the config says trainer.data_parallel={cfg.trainer.data_parallel}")
+    trainer = Trainer(cfg, par)
     try:
-        while step < cfg.run.max_steps:
-            batch = wait_for_batch(pool, step, last_batch_id, cfg.pool.batch_size, t.batch_wait_timeout_s, stop)
-            if batch is None:
-                log.info("stopped before step %d", step + 1)
-                return 0
-            t0 = time.monotonic()
-            stats = train_step(policy, optimizer, batch.samples, cfg.algo, t.max_tokens_per_microbatch, t.grad_clip)
-            train_s = time.monotonic() - t0
-            step += 1
-            hf_state = gather_hf_state(policy)
-            if publisher is not None:
-                publisher.publish(hf_state, version=step, step=step)
-            pool.call(Commit(batch_id=batch.batch_id))
-            last_batch_id = batch.batch_id
-            stats.update(
-                tokens_per_s=stats["tokens"] / train_s, step_s=time.monotonic() - t0, train_s=train_s,
-                staleness_mean=sum(step - 1 - min(s.versions) for s in batch.samples) / len(batch.samples),
-                staleness_max=max(step - 1 - min(s.versions) for s in batch.samples),
-                max_token_version=max(max(s.versions) for s in batch.samples), trained_at_version=step - 1,
-                dropped_stale=batch.dropped_stale, pool_pending=batch.pending, batch_id=batch.batch_id, version=step,
-            )
-            metrics.log(stats, step=step)
-            log.info(progress_line(step, cfg.run.max_steps, step, stats))
-        if publisher is not None:
-            versions = publisher.engine_versions()
-            metrics.log({"final_engine_versions": versions, "final_version": step}, step=step)
-            log.info("done: %d steps, engine weight versions %s", step, versions)
-        return 0
+        if cfg.trainer.resume:
+            trainer.resume()
+        if par.rank == 0:
+            mark_ready(cfg, "trainer")
+        log.info("trainer ready: %s, tp=%d dp=%d, step %d of %d", trainer.policy.arch.family, par.tp, par.dp,
+                 trainer.step, cfg.run.max_steps)
+        return trainer.run(stop)
     finally:
-        pool.close()
-        if publisher is not None:
-            publisher.close()
-        metrics.close()
+        trainer.close()
         shutdown_parallel()

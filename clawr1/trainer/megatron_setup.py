@@ -44,14 +44,16 @@ def init_parallel(tp: int = 1, seed: int = 0, master_port: int = 0) -> ParallelI
     if world % tp:
         raise ValueError(f"world size {world} is not a multiple of tensor_parallel={tp}")
     if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        if "MASTER_PORT" not in os.environ:
-            from clawr1.config import free_port
-
-            os.environ["MASTER_PORT"] = str(master_port or free_port())
         if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
-        dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
+        backend = "nccl" if cuda else "gloo"
+        if "MASTER_PORT" in os.environ:
+            dist.init_process_group(backend, rank=rank, world_size=world)
+        else:  # a lone process: its own rendezvous, without touching the environment its children inherit
+            from clawr1.config import free_port
+
+            url = f"tcp://{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{master_port or free_port()}"
+            dist.init_process_group(backend, init_method=url, rank=rank, world_size=world)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
     if cuda:

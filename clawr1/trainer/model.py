@@ -1,8 +1,9 @@
 """The policy as a megatron-core GPTModel, and a packed forward that returns per-token log-probs.
 
-Samples of different lengths are packed into one row: a block-diagonal causal
-mask keeps them apart and each one's rotary positions restart at 0, so a
-packed row computes exactly what separate rows would, without padding.
+Samples of different lengths are packed end to end into one row in megatron's
+THD format (`PackedSeqParams` with cumulative sequence lengths): rotary
+positions restart at 0 for every sample and attention never crosses samples,
+so a packed row computes exactly what separate rows would, with no padding.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from clawr1.trainer.convert import ArchSpec, hf_to_megatron
+from clawr1.trainer.convert import ArchSpec, from_te_names, hf_to_megatron, to_te_names
 
 
 def transformer_config(a: ArchSpec, tp: int, dtype: torch.dtype):
@@ -34,9 +35,13 @@ def transformer_config(a: ArchSpec, tp: int, dtype: torch.dtype):
 def layer_spec(a: ArchSpec, use_te: bool):
     from megatron.core.models.gpt import gpt_layer_specs
 
-    if use_te:
+    if use_te:  # TransformerEngine's attention takes packed sequences natively
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=a.qk_norm)
-    return gpt_layer_specs.get_gpt_layer_local_spec(qk_layernorm=a.qk_norm, normalization="RMSNorm")
+    from clawr1.trainer.varlen_attention import VarlenCoreAttention
+
+    spec = gpt_layer_specs.get_gpt_layer_local_spec(qk_layernorm=a.qk_norm, normalization="RMSNorm")
+    spec.submodules.self_attention.submodules.core_attention = VarlenCoreAttention
+    return spec
 
 
 def padded_vocab_size(vocab: int, tp: int) -> int:
@@ -82,7 +87,7 @@ def build_policy(hf_path: str | Path, tp: int = 1, tp_rank: int = 0, dtype: torc
     with torch.no_grad():
         model.rotary_pos_emb.inv_freq.copy_(hf_inv_freq(hf_config))
     state = hf_to_megatron(load_hf_state(Path(hf_path)), a, tp_rank, tp, padded_vocab=vocab)
-    load_megatron_state(model, state)
+    load_megatron_state(model, to_te_names(state) if use_te else state)
     return Policy(model=model, arch=a, hf_config=hf_config, tp=tp)
 
 
@@ -99,7 +104,8 @@ def load_megatron_state(model: torch.nn.Module, state: dict[str, Tensor]) -> Non
 
 
 def megatron_state(model: torch.nn.Module) -> dict[str, Tensor]:
-    return {k: v.detach() for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+    """The model's weights under local-spec names, whichever layer spec built it."""
+    return from_te_names({k: v.detach() for k, v in model.state_dict().items() if not k.endswith("_extra_state")})
 
 
 # ---------------------------------------------------------------- packed forward
@@ -107,12 +113,12 @@ def megatron_state(model: torch.nn.Module) -> dict[str, Tensor]:
 class Packed:
     """Samples laid end to end in one row."""
 
-    input_ids: Tensor  # [1, S]
-    position_ids: Tensor  # [1, S]
-    attention_mask: Tensor  # [1, 1, S, S] bool, True where attention is NOT allowed
-    predict_at: Tensor  # [T] positions whose next-token prediction is a response token
-    targets: Tensor  # [T] those response tokens
-    sample_index: Tensor  # [T] which sample each response token belongs to
+    input_ids: Tensor  # [1, T]
+    position_ids: Tensor  # [1, T], restarting at 0 for every sample
+    lengths: list[int]  # tokens of each sample
+    predict_at: Tensor  # [R] positions whose next-token prediction is a response token
+    targets: Tensor  # [R] those response tokens
+    sample_index: Tensor  # [R] which sample each response token belongs to
 
 
 def pack(token_lists: list[list[int]], prompt_lens: list[int]) -> Packed:
@@ -126,64 +132,72 @@ def pack(token_lists: list[list[int]], prompt_lens: list[int]) -> Packed:
         targets += toks[p:]
         owner += [i] * (n - p)
         offset += n
-    size = offset
-    allowed = torch.zeros(size, size, dtype=torch.bool)
-    offset = 0
-    for toks in token_lists:
-        n = len(toks)
-        allowed[offset:offset + n, offset:offset + n] = torch.ones(n, n, dtype=torch.bool).tril()
-        offset += n
     return Packed(
-        input_ids=torch.tensor([ids]), position_ids=torch.tensor([pos]), attention_mask=~allowed[None, None],
+        input_ids=torch.tensor([ids]), position_ids=torch.tensor([pos]), lengths=[len(t) for t in token_lists],
         predict_at=torch.tensor(predict_at), targets=torch.tensor(targets), sample_index=torch.tensor(owner),
     )
 
 
 def hidden_states(policy: Policy, packed: Packed) -> Tensor:
-    """Final hidden states [S, hidden] of a packed row."""
+    """Final hidden states [T, hidden] of a packed row."""
+    from clawr1.trainer.varlen_attention import packed_seq_params
+
     m = policy.model
     device = next(m.parameters()).device
     ids, pos = packed.input_ids.to(device), packed.position_ids.to(device)
-    emb = m.embedding(input_ids=ids, position_ids=pos)  # [S, 1, H]
-    freqs = m.rotary_pos_emb(int(pos.max()) + 1)  # [max_pos, 1, 1, D]
-    rotary = freqs[pos[0]]  # per-token positions: restart at 0 for every packed sample
-    h = m.decoder(hidden_states=emb, attention_mask=packed.attention_mask.to(device), rotary_pos_emb=rotary)
+    emb = m.embedding(input_ids=ids, position_ids=pos)  # [T, 1, H]
+    params = packed_seq_params(packed.lengths, device)
+    rotary = m.rotary_pos_emb(params.max_seqlen_q, packed_seq=True)
+    h = m.decoder(hidden_states=emb, attention_mask=None, rotary_pos_emb=rotary, packed_seq_params=params)
     return h[:, 0]
 
 
-def token_logprobs(policy: Policy, hidden: Tensor, targets: Tensor, temperature: float = 1.0,
-                   chunk_tokens: int = 1024) -> Tensor:
-    """log p(target | context) for each row of `hidden` ([T, H]), computed in chunks of tokens.
+def logprobs_and_entropy(policy: Policy, hidden: Tensor, targets: Tensor, temperature: float = 1.0,
+                         chunk_tokens: int = 1024) -> tuple[Tensor, Tensor]:
+    """log p(target | context) and the entropy at each row of `hidden` ([R, H]), in bounded memory.
 
-    Works under tensor parallelism: the output layer holds a vocabulary shard and
-    megatron's vocab-parallel cross-entropy combines the shards.
+    Under tensor parallelism the output layer holds a vocabulary shard; the
+    softmax statistics are combined across the TP group.
     """
-    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+    from megatron.core import parallel_state
+
+    from clawr1.trainer.logprobs import chunked_logprob_entropy
 
     m = policy.model
     weight = m.shared_embedding_or_output_weight() if m.share_embeddings_and_output_weights else None
-    out = []
-    for start in range(0, hidden.shape[0], chunk_tokens):
-        h = hidden[start:start + chunk_tokens][:, None]  # [t, 1, H]
-        logits, _ = m.output_layer(h, weight=weight)
-        logits = _mask_padded_vocab(logits.float() / temperature, policy)
-        tgt = targets[start:start + chunk_tokens].to(logits.device)[:, None]
-        out.append(-vocab_parallel_cross_entropy(logits, tgt)[:, 0])
-    return torch.cat(out) if out else hidden.new_zeros(0)
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    shard = padded_vocab_size(policy.vocab, policy.tp) // policy.tp
+    group = parallel_state.get_tensor_model_parallel_group() if policy.tp > 1 else None
 
-
-def _mask_padded_vocab(logits: Tensor, policy: Policy) -> Tensor:
-    """Rows added to divide the vocabulary over TP ranks must never get probability."""
-    shard = logits.shape[-1]
-    from megatron.core import parallel_state
-
-    start = parallel_state.get_tensor_model_parallel_rank() * shard
-    if start + shard <= policy.vocab:
+    def logits_fn(h: Tensor) -> Tensor:
+        logits, _ = m.output_layer(h[:, None], weight=weight)
+        logits = logits[:, 0].float() / temperature
+        if (tp_rank + 1) * shard > policy.vocab:  # rows added to split the vocabulary never get probability
+            ids = torch.arange(tp_rank * shard, (tp_rank + 1) * shard, device=logits.device)
+            logits = logits.masked_fill(ids >= policy.vocab, float("-inf"))
         return logits
-    ids = torch.arange(start, start + shard, device=logits.device)
-    return logits.masked_fill(ids >= policy.vocab, float("-inf"))
+
+    return chunked_logprob_entropy(hidden, targets.to(hidden.device), logits_fn, tp_rank * shard, group, chunk_tokens)
 
 
-def packed_logprobs(policy: Policy, packed: Packed, temperature: float = 1.0) -> Tensor:
+def packed_logprobs(policy: Policy, packed: Packed, temperature: float = 1.0, chunk_tokens: int = 1024) -> Tensor:
+    return packed_logprobs_entropy(policy, packed, temperature, chunk_tokens)[0]
+
+
+def packed_logprobs_entropy(policy: Policy, packed: Packed, temperature: float = 1.0,
+                            chunk_tokens: int = 1024) -> tuple[Tensor, Tensor]:
     hidden = hidden_states(policy, packed)
-    return token_logprobs(policy, hidden[packed.predict_at.to(hidden.device)], packed.targets, temperature)
+    return logprobs_and_entropy(policy, hidden[packed.predict_at.to(hidden.device)], packed.targets, temperature,
+                                chunk_tokens)
+
+
+def full_logits(policy: Policy, packed: Packed) -> Tensor:
+    """[T, vocab] logits of a packed row, gathered over TP ranks (for tests and export checks)."""
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+    m = policy.model
+    weight = m.shared_embedding_or_output_weight() if m.share_embeddings_and_output_weights else None
+    logits, _ = m.output_layer(hidden_states(policy, packed)[:, None], weight=weight)
+    if policy.tp > 1:
+        logits = gather_from_tensor_model_parallel_region(logits)
+    return logits[:, 0, : policy.vocab].float()

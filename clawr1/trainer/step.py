@@ -10,6 +10,7 @@ from clawr1.algo.losses import ppo_clipped_token_loss, token_mean
 from clawr1.config import AlgoConfig
 from clawr1.protocol import Sample
 from clawr1.trainer.model import Policy, pack, packed_logprobs
+from clawr1.trainer.parallel import all_reduce_sum, dp_shard
 
 
 def micro_batches(samples: list[Sample], max_tokens: int) -> list[list[Sample]]:
@@ -35,9 +36,10 @@ def _flat(samples: list[Sample], field: str, fill: float = 0.0) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float32)
 
 
-def micro_batch_loss(policy: Policy, samples: list[Sample], algo: AlgoConfig, total_tokens: int) -> tuple[torch.Tensor, dict]:
+def micro_batch_loss(policy: Policy, samples: list[Sample], algo: AlgoConfig, total_tokens: int,
+                     chunk_tokens: int = 1024) -> tuple[torch.Tensor, dict]:
     packed = pack([s.tokens for s in samples], [s.prompt_len for s in samples])
-    logp = packed_logprobs(policy, packed, algo.temperature)
+    logp = packed_logprobs(policy, packed, algo.temperature, chunk_tokens)
     device = logp.device
     old = logp.detach()  # one update per batch: the policy that sampled "old" is the one being trained
     idx = packed.sample_index.to(device)
@@ -61,23 +63,25 @@ def micro_batch_loss(policy: Policy, samples: list[Sample], algo: AlgoConfig, to
     return loss, sums
 
 
-def train_step(policy: Policy, optimizer: torch.optim.Optimizer, samples: list[Sample], algo: AlgoConfig,
-               max_tokens_per_microbatch: int, grad_clip: float) -> dict[str, Any]:
-    total_tokens = int(sum(sum(s.loss_mask) for s in samples))
-    optimizer.zero_grad(set_to_none=True)
-    sums: dict[str, float] = {}
-    for mb in micro_batches(samples, max_tokens_per_microbatch):
-        loss, part = micro_batch_loss(policy, mb, algo, total_tokens)
+def train_step(policy: Policy, optimizer, samples: list[Sample], algo: AlgoConfig, max_tokens_per_microbatch: int,
+               chunk_tokens: int = 1024, dp_rank: int = 0, dp: int = 1) -> dict[str, Any]:
+    """One optimizer step on the whole batch; with dp > 1, this rank works on its share of it."""
+    total_tokens = int(sum(sum(s.loss_mask) for s in samples))  # of the whole batch, on every rank
+    optimizer.zero_grad()
+    keys = ["pg_loss", "clip_low_tokens", "clip_high_tokens", "logprob_abs_diff_sum", "adv_rl_sum", "adv_opd_sum",
+            "opd_tokens"]
+    sums = dict.fromkeys(keys, 0.0)
+    for mb in micro_batches(dp_shard(samples, dp_rank, dp), max_tokens_per_microbatch):
+        loss, part = micro_batch_loss(policy, mb, algo, total_tokens, chunk_tokens)
         loss.backward()
         for k, v in part.items():
-            sums[k] = sums.get(k, 0.0) + v
-    params = [p for p in policy.model.parameters() if p.requires_grad]
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, grad_clip))
-    optimizer.step()
+            sums[k] += v
+    sums = dict(zip(keys, all_reduce_sum([sums[k] for k in keys], dp)))
+    opt = optimizer.step()
     rewards = [s.reward for s in samples if s.reward is not None]
     n_tok = max(total_tokens, 1)
     return {
-        "pg_loss": sums["pg_loss"], "grad_norm": grad_norm,
+        "pg_loss": sums["pg_loss"], **opt,
         "clip_frac_low": sums["clip_low_tokens"] / n_tok, "clip_frac_high": sums["clip_high_tokens"] / n_tok,
         "logprob_abs_diff": sums["logprob_abs_diff_sum"] / n_tok,
         "adv_rl_mean": sums["adv_rl_sum"] / n_tok,

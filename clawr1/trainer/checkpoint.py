@@ -1,0 +1,109 @@
+"""Trainer checkpoints: written to a temporary directory, renamed into place when complete.
+
+    RUN_DIR/checkpoints/step000012/
+        meta.json         step, weight version, last trained batch id, model and parallel layout
+        rank000.pt ...    per rank: its model shard, optimizer state, RNG states
+
+Only whole checkpoints carry a `stepNNNNNN` name, so `latest` never returns a
+half-written one, whatever moment the process died at.
+"""
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class CheckpointMeta:
+    step: int
+    version: int
+    last_batch_id: int
+    base_model: str
+    tp: int
+    dp: int
+    family: str
+
+
+def _rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    try:
+        from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+        state["megatron"] = get_cuda_rng_tracker().get_states()
+    except Exception:  # the tracker only exists after init_parallel
+        pass
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    if "megatron" in state:
+        from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+        get_cuda_rng_tracker().set_states(state["megatron"])
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step{step:06d}"
+
+
+def save(root: Path, meta: CheckpointMeta, model: torch.nn.Module, optimizer, keep: int = 2) -> Path:
+    """Collective: every rank writes its shard; rank 0 publishes the directory once all are written."""
+    rank = dist.get_rank()
+    final = step_dir(root, meta.step)
+    tmp = final.with_name(final.name + ".tmp")
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": _rng_state()},
+               tmp / f"rank{rank:03d}.pt")
+    if hasattr(optimizer, "save_parameter_state"):  # megatron's distributed optimizer (CUDA)
+        optimizer.save_parameter_state(str(tmp / "optimizer_parameter_state.pt"))
+    dist.barrier()
+    if rank == 0:
+        (tmp / "meta.json").write_text(json.dumps(asdict(meta), indent=1))
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        for old in sorted(root.glob("step[0-9]*"))[:-keep]:
+            if old.is_dir() and not old.name.endswith(".tmp"):
+                shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()
+    return final
+
+
+def latest(root: Path) -> Optional[Path]:
+    done = [d for d in sorted(root.glob("step[0-9]*")) if d.is_dir() and (d / "meta.json").exists()
+            and not d.name.endswith(".tmp")]
+    return done[-1] if done else None
+
+
+def read_meta(path: Path) -> CheckpointMeta:
+    return CheckpointMeta(**json.loads((path / "meta.json").read_text()))
+
+
+def load(path: Path, model: torch.nn.Module, optimizer, tp: int, dp: int) -> CheckpointMeta:
+    meta = read_meta(path)
+    if (meta.tp, meta.dp) != (tp, dp):
+        raise ValueError(f"checkpoint {path} was written with tp={meta.tp} dp={meta.dp}; this run has tp={tp} dp={dp}. "
+                         f"Export it (clawr1 export) and start from the HF weights instead.")
+    state = torch.load(path / f"rank{dist.get_rank():03d}.pt", weights_only=False)
+    model.load_state_dict(state["model"])
+    if optimizer is not None:
+        optimizer.load_state_dict(state["optimizer"])
+        if hasattr(optimizer, "load_parameter_state"):
+            optimizer.load_parameter_state(str(path / "optimizer_parameter_state.pt"))
+    _set_rng_state(state["rng"])
+    return meta

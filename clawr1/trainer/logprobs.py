@@ -1,0 +1,64 @@
+"""Log-probs and entropy of the sampled tokens, over a vocabulary that may be split across TP ranks.
+
+Memory stays bounded for long responses: logits are made `chunk_tokens` rows at
+a time and each chunk is recomputed in the backward pass instead of being kept,
+so at most one chunk of [chunk_tokens, vocab / tp] logits lives at once.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+
+def _sum(t: Tensor, group) -> Tensor:
+    """Sum over TP ranks. The backward is the identity: every TP rank computes the same loss from the
+    summed value, so summing gradients too (as torch.distributed.nn.all_reduce does) would count it tp times."""
+    if group is None:
+        return t
+    from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+
+    return reduce_from_tensor_model_parallel_region(t, group=group)
+
+
+def vocab_parallel_logprob_entropy(logits: Tensor, targets: Tensor, vocab_start: int,
+                                   group=None) -> tuple[Tensor, Tensor]:
+    """log p(target) and the entropy of each row; `logits` [n, V_shard] hold vocab ids vocab_start.. of this rank."""
+    row_max = logits.detach().max(dim=-1, keepdim=True).values
+    if group is not None:
+        dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=group)
+    shifted = logits - row_max
+    exp = shifted.exp()
+    sum_exp = _sum(exp.sum(dim=-1), group)
+    log_z = sum_exp.log()  # log of the partition function, relative to row_max
+    local = targets - vocab_start
+    mine = (local >= 0) & (local < logits.shape[-1])
+    picked = shifted.gather(1, local.clamp(0, logits.shape[-1] - 1)[:, None])[:, 0] * mine
+    logp = _sum(picked, group) - log_z
+    expected_logit = _sum((exp * shifted).sum(dim=-1), group) / sum_exp
+    entropy = log_z - expected_logit
+    return logp, entropy
+
+
+def chunked_logprob_entropy(hidden: Tensor, targets: Tensor, logits_fn: Callable[[Tensor], Tensor],
+                            vocab_start: int, group=None, chunk_tokens: int = 1024,
+                            recompute: Optional[bool] = None) -> tuple[Tensor, Tensor]:
+    """Apply `logits_fn` ([n, H] -> [n, V_shard]) chunk by chunk; returns (logp [T], entropy [T])."""
+    recompute = torch.is_grad_enabled() and hidden.requires_grad if recompute is None else recompute
+
+    def one(h: Tensor, t: Tensor) -> tuple[Tensor, Tensor]:
+        return vocab_parallel_logprob_entropy(logits_fn(h), t, vocab_start, group)
+
+    logps, ents = [], []
+    for start in range(0, hidden.shape[0], chunk_tokens):
+        h, t = hidden[start:start + chunk_tokens], targets[start:start + chunk_tokens]
+        lp, ent = checkpoint(one, h, t, use_reentrant=False) if recompute else one(h, t)
+        logps.append(lp)
+        ents.append(ent)
+    if not logps:
+        empty = hidden.new_zeros(0)
+        return empty, empty
+    return torch.cat(logps), torch.cat(ents)

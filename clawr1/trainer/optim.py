@@ -1,0 +1,126 @@
+"""Optimizer and learning-rate schedule.
+
+CPU: torch AdamW with our own data-parallel gradient all-reduce and a
+tensor-parallel-aware global grad-norm clip (megatron-core's optimizers
+hard-code CUDA). CUDA: megatron-core's distributed optimizer (bf16 params with
+fp32 main weights, sharded optimizer state, grad clipping) over megatron's DDP.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+from clawr1.config import TrainerConfig
+from clawr1.trainer.parallel import all_reduce_grads, clip_grad_norm
+
+
+def lr_factor(cfg: TrainerConfig, total_steps: int) -> Callable[[int], float]:
+    """Multiplier of the base lr after `step` optimizer steps."""
+    if cfg.lr_schedule not in ("constant", "cosine"):
+        raise ValueError(f"trainer.lr_schedule must be constant or cosine, got {cfg.lr_schedule!r}")
+
+    def factor(step: int) -> float:
+        if cfg.warmup_steps and step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        if cfg.lr_schedule == "constant":
+            return 1.0
+        span = max(total_steps - cfg.warmup_steps, 1)
+        progress = min(max(step - cfg.warmup_steps, 0) / span, 1.0)
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+class TorchAdamW:
+    """AdamW + schedule + DP all-reduce + TP-aware clipping, for CPU (and plain CUDA) training."""
+
+    def __init__(self, model: torch.nn.Module, cfg: TrainerConfig, total_steps: int, tp: int, dp: int):
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.tp, self.dp, self.clip = tp, dp, cfg.grad_clip
+        self.optimizer = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.lr,
+                                           betas=tuple(cfg.adam_betas), eps=cfg.adam_eps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(cfg, total_steps))
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def step(self) -> dict[str, float]:
+        all_reduce_grads(self.params, self.dp)
+        norm = clip_grad_norm(self.params, self.clip, self.tp)
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        return {"grad_norm": norm, "lr": lr}
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+
+class MegatronDistributedAdam:
+    """megatron-core's distributed optimizer (CUDA only). The model must be wrapped by `wrap_ddp`."""
+
+    def __init__(self, ddp_model, cfg: TrainerConfig, total_steps: int, bf16: bool):
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        self.model = ddp_model
+        config = OptimizerConfig(
+            optimizer="adam", lr=cfg.lr, min_lr=cfg.lr * cfg.min_lr_ratio, weight_decay=cfg.weight_decay,
+            adam_beta1=cfg.adam_betas[0], adam_beta2=cfg.adam_betas[1], adam_eps=cfg.adam_eps, bf16=bf16,
+            params_dtype=torch.bfloat16 if bf16 else torch.float32, use_distributed_optimizer=True,
+            clip_grad=cfg.grad_clip,
+        )
+        self.optimizer = get_megatron_optimizer(config, [ddp_model])
+        self.factor = lr_factor(cfg, total_steps)
+        self.base_lr, self.steps = cfg.lr, 0
+
+    def zero_grad(self) -> None:
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+
+    def step(self) -> dict[str, float]:
+        lr = self.base_lr * self.factor(self.steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.model.finish_grad_sync()
+        ok, grad_norm, _ = self.optimizer.step()
+        if not ok:
+            raise FloatingPointError("the distributed optimizer skipped a step (inf/nan gradients)")
+        self.steps += 1
+        return {"grad_norm": float(grad_norm or 0.0), "lr": lr}
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "steps": self.steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps = state["steps"]
+
+    # The sharded Adam moments live outside state_dict(); megatron gathers them to one file (collective).
+    def save_parameter_state(self, path: str) -> None:
+        self.optimizer.save_parameter_state(path)
+
+    def load_parameter_state(self, path: str) -> None:
+        self.optimizer.load_parameter_state(path)
+
+
+def wrap_ddp(model: torch.nn.Module):
+    """megatron-core DDP with contiguous fp32 grad buffers, as the distributed optimizer needs (CUDA)."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    cfg = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                        use_distributed_optimizer=True)
+    return DistributedDataParallel(config=model.config, ddp_config=cfg, module=model)
