@@ -1,0 +1,60 @@
+"""A training step does not depend on how the batch is cut into micro-batches; the lr schedule's values."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from clawr1.config import AlgoConfig, TrainerConfig
+from clawr1.trainer.optim import lr_factor
+from clawr1.trainer.step import micro_batches
+from tests.trainer.test_parallel import synthetic_samples
+
+
+class RecordingOptimizer:
+    """Keeps the gradients instead of stepping, so two packings can be compared."""
+
+    def __init__(self, model):
+        self.model, self.grads = model, None
+
+    def zero_grad(self):
+        self.model.zero_grad(set_to_none=True)
+
+    def step(self):
+        self.grads = {n: p.grad.clone() for n, p in self.model.named_parameters()}
+        return {"grad_norm": 0.0, "lr": 0.0}
+
+
+def test_gradient_is_independent_of_micro_batch_packing(tiny_model, megatron_tp1):
+    from clawr1.trainer.model import build_policy
+    from clawr1.trainer.step import train_step
+
+    policy = build_policy(tiny_model)
+    samples = synthetic_samples(10, seed=5)
+    results = []
+    for budget in (60, 150, 100_000):  # many micro-batches ... one
+        opt = RecordingOptimizer(policy.model)
+        stats = train_step(policy, opt, samples, AlgoConfig(w_rl=1.0, w_opd=0.7), budget)
+        results.append((stats["pg_loss"], opt.grads))
+    assert len(micro_batches(samples, 60)) > 5 and len(micro_batches(samples, 100_000)) == 1
+    (loss0, g0) = results[0]
+    for loss, g in results[1:]:
+        assert abs(loss - loss0) < 1e-6
+        assert max((g[k] - g0[k]).abs().max().item() for k in g0) < 1e-5  # summation order only
+
+
+def test_micro_batches_respect_the_budget_and_keep_order():
+    samples = synthetic_samples(10, seed=1)
+    mbs = micro_batches(samples, 80)
+    assert [s for mb in mbs for s in mb] == samples
+    assert all(sum(len(s.tokens) for s in mb) <= 80 or len(mb) == 1 for mb in mbs)
+
+
+def test_lr_schedules():
+    constant = lr_factor(TrainerConfig(lr_schedule="constant", warmup_steps=4), 100)
+    assert [constant(s) for s in (0, 1, 3, 4, 99)] == [0.25, 0.5, 1.0, 1.0, 1.0]
+    cosine = lr_factor(TrainerConfig(lr_schedule="cosine", warmup_steps=0, min_lr_ratio=0.1), 100)
+    assert cosine(0) == 1.0 and math.isclose(cosine(50), 0.55) and math.isclose(cosine(100), 0.1)
+    with pytest.raises(ValueError, match="constant or cosine"):
+        lr_factor(TrainerConfig(lr_schedule="linear"), 10)
