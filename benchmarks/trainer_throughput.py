@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -106,20 +104,14 @@ def throughput(steps: int, threads: int) -> dict:
             "batch": "16 samples, lengths 16..512", "steps": steps, "threads": threads}
 
 
-# ---------------------------------------------------------------- log-prob peak memory (one subprocess per case)
-def _rss_kb(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field):
-            return int(line.split()[1])
-    raise KeyError(field)
-
-
+# ---------------------------------------------------------------- log-prob peak memory (one process per case)
 def memory_case(response_len: int, budget: int, vocab: int) -> None:
     """Forward + backward of the chunked log-probs for one micro-batch of `budget` tokens; prints peak MB."""
     import tempfile
 
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from benchmarks.peakmem import peak_mb
     from clawr1.trainer.megatron_setup import init_parallel
     from clawr1.trainer.model import build_policy, pack, packed_logprobs_entropy
 
@@ -135,27 +127,19 @@ def memory_case(response_len: int, budget: int, vocab: int) -> None:
     per_sample = prompt + response_len
     n = max(1, budget // per_sample)
     rng = random.Random(0)
-    seqs = [[rng.randrange(vocab) for _ in range(per_sample)] for _ in range(n)]
-    packed = pack(seqs, [prompt] * n)
-    import gc
+    packed = pack([[rng.randrange(vocab) for _ in range(per_sample)] for _ in range(n)], [prompt] * n)
 
-    gc.collect()
-    before = _rss_kb("VmRSS")
-    Path("/proc/self/clear_refs").write_text("5")  # reset the peak-RSS mark to the current RSS
-    logp, ent = packed_logprobs_entropy(policy, packed, chunk_tokens=512)
-    (logp.sum() + ent.sum()).backward()
-    peak = _rss_kb("VmHWM") - before
-    print(json.dumps({"response_len": response_len, "samples": n, "tokens": n * per_sample, "peak_mb": round(peak / 1024, 1)}))
+    def work() -> None:
+        logp, ent, _ = packed_logprobs_entropy(policy, packed, chunk_tokens=512)
+        (logp.sum() + ent.sum()).backward()
+
+    print(json.dumps({"response_len": response_len, "samples": n, "peak_mb": peak_mb(work)}))
 
 
 def memory(lengths: list[int], budget: int, vocab: int) -> dict:
-    out = {}
-    for length in lengths:
-        res = subprocess.run([sys.executable, __file__, "--memory-case", str(length), str(budget), str(vocab)],
-                             capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONWARNINGS": "ignore"})
-        if res.returncode != 0:
-            raise RuntimeError(res.stderr[-2000:])
-        out[str(length)] = json.loads(res.stdout.strip().splitlines()[-1])["peak_mb"]
+    from benchmarks.peakmem import run_case
+
+    out = {str(n): run_case(__file__, str(n), str(budget), str(vocab))["peak_mb"] for n in lengths}
     return {"logprob_peak_mb": out, "logprob_budget_tokens": budget, "logprob_vocab": vocab,
             "logprob_peak_growth": round(out[str(lengths[-1])] / out[str(lengths[0])], 3)}
 
@@ -164,10 +148,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--memory-case", nargs=3, type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--case", nargs=3, type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.memory_case:
-        memory_case(*args.memory_case)
+    if args.case:
+        memory_case(*args.case)
         return
     result = {"benchmark": "trainer_throughput", **throughput(args.steps, args.threads),
               **memory([256, 512, 1024, 2048], budget=4096, vocab=32768)}

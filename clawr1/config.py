@@ -102,6 +102,7 @@ class JudgeConfig:
     port: int = 0  # gateway -> judge TurnRecords (PUSH/PULL)
     teacher: str = "policy"  # policy (self-distillation) | frozen | none
     teacher_url: str = ""  # frozen teacher engine; empty: the run's own engine
+    teacher_topk: int = 0  # also record the teacher's top-k log-probs per token (for algo.w_topk); 0: off
     concurrency: int = 8
     # a next user message matching any of these says the turn was wrong (score -1)
     correction_patterns: list[str] = field(
@@ -124,6 +125,8 @@ class PoolConfig:
     max_staleness: int = 4  # drop samples whose oldest token is older than this many versions
     fsync: bool = True
     max_pending: int = 100_000  # refuse (nack) new samples beyond this backlog
+    group_size: int = 1  # a group (same group_id) is batched once it has this many samples...
+    group_timeout_s: float = 60.0  # ...or once its first sample is this old
 
 
 @dataclass
@@ -154,10 +157,31 @@ class TrainerConfig:
 
 @dataclass
 class AlgoConfig:
+    """The objective. Recipes differ only here (and in whether the judge computes a teacher)."""
+
+    # weights of the three signals: A = w_rl * A_rl + w_opd * A_opd per token; w_topk scales the top-k KL loss
     w_rl: float = 1.0
     w_opd: float = 1.0
+    w_topk: float = 0.0
+    # scalar-reward baseline: group (GRPO: minus the group mean, / std if normalize_std) | none (raw reward)
+    baseline: str = "group"
+    normalize_std: bool = True
+    singleton_baseline: str = "ema"  # groups of one (live traffic): ema (per-task running mean) | none
+    ema_decay: float = 0.9
+    # PPO clipped surrogate
     eps_clip_low: float = 0.2
-    eps_clip_high: float = 0.28
+    eps_clip_high: float = 0.28  # "clip-higher": a larger upper bound keeps exploration alive
+    dual_clip: float = 0.0  # c > 1 caps the loss of negative-advantage tokens at -c*A; 0: off
+    loss_aggregation: str = "token-mean"  # token-mean | seq-mean-token-mean
+    ppo_epochs: int = 1  # passes over each batch
+    minibatches: int = 1  # optimizer steps per pass (the batch is split into this many parts)
+    # regularizers
+    kl_coef: float = 0.0  # KL to the frozen initial policy; 0: no reference model is kept
+    kl_estimator: str = "k3"  # k1 | k2 | k3
+    entropy_coef: float = 0.0  # bonus: the loss subtracts entropy_coef * entropy
+    # off-policy correction
+    tis_cap: float = 2.0  # truncated importance sampling cap on pi_old/pi_rollout; 0: off
+    max_staleness: int = -1  # the trainer also drops samples older than this many versions; -1: leave it to the pool
     temperature: float = 1.0  # must equal the sampling temperature the log-probs were taken at
 
 

@@ -11,7 +11,7 @@ from typing import Any, Optional, Union
 
 import msgspec
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _HEADER_PREFIX = b"clawr1/"
 
 
@@ -45,7 +45,8 @@ class TurnRecord(msgspec.Struct, tag=True, kw_only=True):
     response_text: str = ""
     finish_reason: str = ""
     next_state: Optional[NextState] = None
-    group_id: str = ""
+    group_id: str = ""  # turns sharing a prompt or task, for GRPO baselines (X-Group-Id)
+    task_id: str = ""  # the task this turn belongs to, for per-task baselines (X-Task-Id)
     created_at: float = 0.0
 
 
@@ -65,7 +66,10 @@ class Sample(msgspec.Struct, tag=True, kw_only=True):
     versions: list[int]
     reward: Optional[float] = None
     teacher_logprobs: Optional[list[float]] = None
+    teacher_topk_ids: Optional[list[list[int]]] = None  # per response token: the teacher's k most likely ids
+    teacher_topk_logprobs: Optional[list[list[float]]] = None  # and their log-probs
     teacher_version: Optional[int] = None
+    task_id: str = ""
     hint: str = ""
     votes: list[int] = msgspec.field(default_factory=list)
     session_id: str = ""
@@ -86,6 +90,13 @@ class Sample(msgspec.Struct, tag=True, kw_only=True):
                 raise ValueError(f"sample {self.sample_id}: {name} has {len(getattr(self, name))} entries, response has {n}")
         if self.teacher_logprobs is not None and len(self.teacher_logprobs) != n:
             raise ValueError(f"sample {self.sample_id}: teacher_logprobs has {len(self.teacher_logprobs)} entries, response has {n}")
+        ids, lps = self.teacher_topk_ids, self.teacher_topk_logprobs
+        if (ids is None) != (lps is None):
+            raise ValueError(f"sample {self.sample_id}: teacher top-k needs both ids and log-probs")
+        if ids is not None:
+            k = len(ids[0]) if ids else 0
+            if len(ids) != n or len(lps) != n or any(len(r) != k for r in ids) or any(len(r) != k for r in lps):
+                raise ValueError(f"sample {self.sample_id}: teacher top-k must be {n} rows of the same k ids and log-probs")
 
 
 class Ack(msgspec.Struct, tag=True, kw_only=True):

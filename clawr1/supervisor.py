@@ -103,6 +103,7 @@ class Supervisor:
         cfg = self.cfg
         (cfg.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         save_config(cfg, self.config_path)
+        self.progress = ProgressPrinter(cfg.run_dir / "metrics.jsonl", self.echo)  # from here on: this run's records
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             for wave in self.plan():
@@ -152,7 +153,7 @@ class Supervisor:
             time.sleep(0.3)
 
     def _watch(self) -> int:
-        progress = ProgressPrinter(self.cfg.run_dir / "metrics.jsonl", self.echo)
+        progress = self.progress
         trainers = [l for l in self.loops if l.name.startswith("trainer")]
         while True:
             progress.poll()
@@ -235,7 +236,8 @@ class ProgressPrinter:
                 self.echo(
                     f"[train] step {r['step']:>3} | version {r['version']} | samples {r['samples']} | "
                     f"reward {r['reward_mean']:+.2f} | hint rate {r['hint_rate']:.2f} | "
-                    f"loss {r['pg_loss']:+.4f} | {r['tokens_per_s']:.0f} tok/s | staleness {r['staleness_mean']:.1f}")
+                    f"loss {r['pg_loss']:+.4f} | entropy {r.get('entropy', 0.0):.3f} | {r['tokens_per_s']:.0f} tok/s | "
+                    f"staleness {r['staleness_mean']:.1f}")
             elif r.get("loop") == "rollout" and "personalization_score" in r:
                 self.echo(f"[eval]  version {r['eval_version']} | personalization score {r['personalization_score']:.3f}")
 

@@ -25,7 +25,7 @@ def test_header_carries_the_schema_version():
 def test_other_schema_version_is_named_in_the_error():
     frames = protocol.encode(Ack(id="x"))
     frames[0] = b"clawr1/99"
-    with pytest.raises(SchemaMismatch, match=r"v99.*v1"):
+    with pytest.raises(SchemaMismatch, match=rf"v99.*v{protocol.SCHEMA_VERSION}"):
         protocol.decode(frames)
 
 

@@ -1,7 +1,8 @@
 """Advantages: pure tensor functions, no I/O.
 
-Token tensors are flat: the response tokens of many samples laid end to end,
-with `sample_index[t]` naming the sample token t belongs to.
+Per-sample tensors have one entry per sample. Token tensors are flat: the
+response tokens of many samples laid end to end, with `sample_index[t]` naming
+the sample token t belongs to.
 """
 from __future__ import annotations
 
@@ -9,9 +10,52 @@ import torch
 from torch import Tensor
 
 
-def rl_token_advantages(rewards: Tensor, has_reward: Tensor, sample_index: Tensor) -> Tensor:
-    """The scalar reward of each token's sample, 0 where the sample has no reward."""
-    per_sample = torch.where(has_reward, rewards, torch.zeros_like(rewards))
+def grpo_advantages(rewards: Tensor, has_reward: Tensor, group_index: Tensor, normalize_std: bool = True,
+                    eps: float = 1e-6) -> Tensor:
+    """GRPO: each reward minus its group's mean, optionally divided by the group's std (+ eps).
+
+    Samples without a reward neither get an advantage (0) nor count in their
+    group's statistics. A group whose rewards are all equal gets 0 everywhere.
+    The std is the population std (divide by n), as in the GRPO paper's code.
+    """
+    n_groups = int(group_index.max()) + 1 if group_index.numel() else 0
+    w = has_reward.to(rewards.dtype)
+    r = torch.where(has_reward, rewards, torch.zeros_like(rewards))
+    count = torch.zeros(n_groups, dtype=rewards.dtype).index_add_(0, group_index, w)
+    mean = torch.zeros(n_groups, dtype=rewards.dtype).index_add_(0, group_index, r) / count.clamp(min=1)
+    centered = (r - mean[group_index]) * w
+    if normalize_std:
+        var = torch.zeros(n_groups, dtype=rewards.dtype).index_add_(0, group_index, centered**2) / count.clamp(min=1)
+        centered = centered / (var.sqrt()[group_index] + eps)
+    return centered
+
+
+def ema_advantages(rewards: Tensor, has_reward: Tensor, task_keys: list[str], baselines: dict[str, float],
+                   decay: float) -> tuple[Tensor, dict[str, float]]:
+    """Reward minus a per-task exponential moving average baseline, for groups of one (live traffic).
+
+    Plain group-of-one GRPO is REINFORCE without a baseline; this subtracts the
+    task's running mean reward instead. The baseline each sample sees is the one
+    from before this batch; the returned baselines include this batch
+    (b <- decay * b + (1 - decay) * mean reward of the task in the batch). A task
+    seen for the first time starts at its batch mean.
+    """
+    new = dict(baselines)
+    sums: dict[str, list[float]] = {}
+    for r, ok, key in zip(rewards.tolist(), has_reward.tolist(), task_keys):
+        if ok:
+            sums.setdefault(key, []).append(r)
+    for key, values in sums.items():
+        batch_mean = sum(values) / len(values)
+        new[key] = decay * baselines[key] + (1 - decay) * batch_mean if key in baselines else batch_mean
+    seen = torch.tensor([baselines.get(k, new.get(k, 0.0)) for k in task_keys], dtype=rewards.dtype)
+    adv = torch.where(has_reward, rewards - seen, torch.zeros_like(rewards))
+    return adv, new
+
+
+def rl_token_advantages(sample_advantages: Tensor, has_reward: Tensor, sample_index: Tensor) -> Tensor:
+    """Each token gets its sample's advantage; 0 where the sample has no reward."""
+    per_sample = torch.where(has_reward, sample_advantages, torch.zeros_like(sample_advantages))
     return per_sample[sample_index]
 
 
@@ -19,7 +63,8 @@ def opd_token_advantages(teacher_logprobs: Tensor, old_logprobs: Tensor, has_tea
     """Teacher minus student log-prob of each sampled token, 0 where the token's sample has no teacher.
 
     Positive when the hint-conditioned teacher is more confident in the sampled
-    token than the student was.
+    token than the student was. A sample without a teacher contributes exactly
+    0: never a stand-in teacher equal to the student.
     """
     gap = teacher_logprobs - old_logprobs
     return torch.where(has_teacher, gap, torch.zeros_like(gap))

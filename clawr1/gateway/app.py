@@ -106,7 +106,8 @@ class Gateway:
             "stop": stop, "sampling_seed": req.seed,
         }
 
-    async def chat(self, req: ChatCompletionRequest, session_id: Optional[str], side: bool) -> tuple[dict, str]:
+    async def chat(self, req: ChatCompletionRequest, session_id: Optional[str], side: bool,
+                   group_id: str = "", task_id: str = "") -> tuple[dict, str]:
         self.counters["requests"] += 1
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
         if side or req.n > 1:
@@ -117,7 +118,7 @@ class Gateway:
         session_id = session_id or f"anon-{uuid.uuid4().hex}"
         lock = self._locks.setdefault(session_id, asyncio.Lock())
         async with lock:
-            return await self._main_turn(req, messages, session_id), session_id
+            return await self._main_turn(req, messages, session_id, group_id, task_id), session_id
 
     async def _side_turn(self, req: ChatCompletionRequest, messages: list[dict]) -> dict:
         prompt = self._checked_prompt(self.renderer.encode_messages(messages))
@@ -129,7 +130,8 @@ class Gateway:
                     "finish_reason": finish_reason(g.finish_reason)} for i, g in enumerate(gens)]
         return chat_completion(req.model or self.cfg.model_name, choices, len(prompt), sum(len(g.output_ids) for g in gens))
 
-    async def _main_turn(self, req: ChatCompletionRequest, messages: list[dict], session_id: str) -> dict:
+    async def _main_turn(self, req: ChatCompletionRequest, messages: list[dict], session_id: str, group_id: str = "",
+                         task_id: str = "") -> dict:
         session = self.sessions.get(session_id)
         prompt, new_messages = self.sessions.prompt_for(session, messages)
         self._emit_pending(session, next_state_from(new_messages))
@@ -140,7 +142,7 @@ class Gateway:
             session_id=session_id, turn_index=session.turns, segment=session.segment, main=True,
             prompt_ids=prompt, response_ids=gen.output_ids, rollout_logprobs=gen.logprobs, versions=gen.versions,
             messages=messages, tools=req.tools, response_text=gen.text, finish_reason=gen.finish_reason,
-            created_at=time.time())
+            group_id=group_id, task_id=task_id, created_at=time.time())
         self.sessions.record(session, messages, reply, prompt, gen.output_ids)
         self.counters["main_turns"] += 1
         choice = {"index": 0, "message": reply, "logprobs": None, "finish_reason": finish_reason(gen.finish_reason)}
@@ -204,7 +206,8 @@ def create_app(gateway: Gateway) -> FastAPI:
     async def _chat(body: ChatCompletionRequest, request: Request, session_id: Optional[str]) -> JSONResponse:
         side = request.headers.get("x-turn-type", "main").lower() == "side"
         sid = request.headers.get("x-session-id") or session_id or body.user
-        result, sid = await gateway.chat(body, sid, side)
+        result, sid = await gateway.chat(body, sid, side, request.headers.get("x-group-id", ""),
+                                         request.headers.get("x-task-id", ""))
         headers = {"X-Session-Id": sid} if sid else {}
         return JSONResponse(result, headers=headers)
 

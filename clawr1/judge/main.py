@@ -21,21 +21,24 @@ from clawr1.gateway.chat_template import ChatRenderer
 from clawr1.judge.rules import RulePatterns, Verdict, judge_rules
 from clawr1.judge.teacher import Teacher
 from clawr1.protocol import Ack, Sample, TurnRecord
-from clawr1.serving.client import EngineClient
+from clawr1.serving.client import EngineClient, Generation
 
 log = logging.getLogger("clawr1.judge")
 
 
-def make_sample(record: TurnRecord, verdict: Verdict, teacher_logprobs: Optional[list[float]],
-                teacher_version: Optional[int]) -> Sample:
+def make_sample(record: TurnRecord, verdict: Verdict, teacher: Optional[Generation]) -> Sample:
+    """One Sample carrying every signal the turn earned: its reward, and the teacher's scores if it had a hint."""
     n = len(record.response_ids)
     sid = f"{record.session_id}/{record.segment}/{record.turn_index}"
     return Sample(
-        sample_id=sid, group_id=record.group_id or sid, tokens=record.prompt_ids + record.response_ids,
-        prompt_len=len(record.prompt_ids), loss_mask=[1] * n, rollout_logprobs=record.rollout_logprobs,
-        versions=record.versions, reward=verdict.score, teacher_logprobs=teacher_logprobs,
-        teacher_version=teacher_version, hint=verdict.hint, votes=verdict.votes, session_id=record.session_id,
-        turn_index=record.turn_index, created_at=time.time(),
+        sample_id=sid, group_id=record.group_id or sid, task_id=record.task_id,
+        tokens=record.prompt_ids + record.response_ids, prompt_len=len(record.prompt_ids), loss_mask=[1] * n,
+        rollout_logprobs=record.rollout_logprobs, versions=record.versions, reward=verdict.score,
+        teacher_logprobs=teacher.prompt_logprobs if teacher else None,
+        teacher_topk_ids=teacher.prompt_top_ids if teacher and teacher.prompt_top_ids else None,
+        teacher_topk_logprobs=teacher.prompt_top_logprobs if teacher and teacher.prompt_top_ids else None,
+        teacher_version=teacher.weight_version if teacher else None, hint=verdict.hint, votes=verdict.votes,
+        session_id=record.session_id, turn_index=record.turn_index, created_at=time.time(),
     )
 
 
@@ -59,17 +62,18 @@ class Judge:
     async def handle(self, record: TurnRecord) -> None:
         t0 = time.monotonic()
         verdict = judge_rules(record, self.patterns, self.cfg.judge.max_hint_chars) if record.main else Verdict(None)
-        teacher_lp, teacher_version = None, None
+        teacher = None
         if verdict.hint and self.teacher is not None and record.response_ids:
-            teacher_lp, teacher_version = await self.teacher.logprobs(record.prompt_ids, record.response_ids, verdict.hint)
-            self.version = max(self.version, teacher_version or 0)
+            teacher = await self.teacher.score(record.prompt_ids, record.response_ids, verdict.hint,
+                                               self.cfg.judge.teacher_topk)
+            self.version = max(self.version, teacher.weight_version)
         self.counts["judged"] += 1
         self.counts[f"score_{'none' if verdict.score is None else int(verdict.score)}"] += 1
-        if verdict.score is None and teacher_lp is None:
+        if verdict.score is None and teacher is None:
             self.counts["dropped_no_signal"] += 1
             return
-        self.counts["with_hint"] += teacher_lp is not None
-        await self.send(make_sample(record, verdict, teacher_lp, teacher_version))
+        self.counts["with_hint"] += teacher is not None
+        await self.send(make_sample(record, verdict, teacher))
         self.latency_sum += time.monotonic() - t0
 
     async def send(self, sample: Sample) -> None:

@@ -7,10 +7,8 @@ lines up with a token the student actually sampled.
 """
 from __future__ import annotations
 
-from typing import Optional
-
 from clawr1.gateway.chat_template import ChatRenderer
-from clawr1.serving.client import EngineClient
+from clawr1.serving.client import EngineClient, Generation
 
 
 def splice_hint(prompt_ids: list[int], hint_ids: list[int], user_header_ids: list[int], im_end_id: int) -> list[int]:
@@ -37,10 +35,12 @@ class Teacher:
         hint_ids = self.renderer.encode_text("\n" + hint)
         return splice_hint(prompt_ids, hint_ids, self.user_header_ids, self.renderer.im_end_id)
 
-    async def logprobs(self, prompt_ids: list[int], response_ids: list[int], hint: str) -> tuple[list[float], Optional[int]]:
-        """Teacher log-prob of each response token, and the weight version that scored them."""
+    async def score(self, prompt_ids: list[int], response_ids: list[int], hint: str, top_k: int = 0) -> Generation:
+        """The teacher's log-prob of each response token (and its top-k at each position, if asked)."""
         prompt = self.teacher_prompt(prompt_ids, hint)
-        result = await self.engine.score(prompt + response_ids, first_scored=len(prompt))
+        result = await self.engine.score(prompt + response_ids, first_scored=len(prompt), top_k=top_k)
         if len(result.prompt_logprobs) != len(response_ids):
             raise RuntimeError(f"teacher returned {len(result.prompt_logprobs)} log-probs for {len(response_ids)} tokens")
-        return result.prompt_logprobs, result.weight_version
+        if top_k and len(result.prompt_top_ids) != len(response_ids):
+            raise RuntimeError(f"teacher returned top-k for {len(result.prompt_top_ids)} of {len(response_ids)} tokens")
+        return result

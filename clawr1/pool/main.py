@@ -51,7 +51,8 @@ def _serve_trainer(server: RpcServer, pool: SamplePool, max_batch: int) -> None:
 def main(cfg: Config) -> int:
     log = setup_logging("pool")
     stop = stop_event()
-    pool = SamplePool(cfg.run_dir / "pool", cfg.pool.max_staleness, cfg.pool.max_pending, cfg.pool.fsync)
+    pool = SamplePool(cfg.run_dir / "pool", cfg.pool.max_staleness, cfg.pool.max_pending, cfg.pool.fsync,
+                      cfg.pool.group_size, cfg.pool.group_timeout_s)
     s = pool.stats()
     log.info("pool at %s: %d pending, %d leased batches, cursor at batch %d", pool.dir, s.pending, len(pool.leases),
              s.committed_batch_id)

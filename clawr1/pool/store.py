@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from pathlib import Path
-from typing import Union
+import time
+from typing import Callable, Optional, Union
 
 import msgspec
 
@@ -43,10 +44,12 @@ class PoolError(ValueError):
 
 
 class SamplePool:
-    def __init__(self, directory: Path, max_staleness: int, max_pending: int = 100_000, fsync: bool = True):
+    def __init__(self, directory: Path, max_staleness: int, max_pending: int = 100_000, fsync: bool = True,
+                 group_size: int = 1, group_timeout_s: float = 60.0, clock: Callable[[], float] = time.time):
         self.dir = Path(directory)
         self.max_staleness = max_staleness
         self.max_pending = max_pending
+        self.group_size, self.group_timeout_s, self.clock = group_size, group_timeout_s, clock
         self.samples: dict[str, Sample] = {}  # acknowledged and not yet committed
         self.pending: OrderedDict[str, None] = OrderedDict()  # not leased, in arrival order
         self.leases: dict[int, Lease] = {}  # leased and not yet committed
@@ -126,11 +129,12 @@ class SamplePool:
         stale, fresh = [], []
         for sid in self.pending:
             (stale if self._is_stale(self.samples[sid], req.trainer_version) else fresh).append(sid)
-        if len(fresh) < req.batch_size:
+        chosen = self._whole_groups(fresh, req.batch_size)
+        if chosen is None:
             if stale:  # batch id 0: a ledger entry that only drops
                 self._record(Lease(batch_id=0, sample_ids=[], dropped_ids=stale))
-            return NoBatch(pending=len(fresh), reason=f"{len(fresh)}/{req.batch_size} fresh samples")
-        lease = Lease(batch_id=batch_id, sample_ids=fresh[: req.batch_size], dropped_ids=stale)
+            return NoBatch(pending=len(fresh), reason=f"{len(fresh)} fresh samples, {req.batch_size} needed in complete groups")
+        lease = Lease(batch_id=batch_id, sample_ids=chosen, dropped_ids=stale)
         self._record(lease)
         return self._batch(lease)
 
@@ -151,6 +155,21 @@ class SamplePool:
         self._ledger.close()
 
     # ------------------------------------------------------------ helpers
+    def _whole_groups(self, fresh: list[str], batch_size: int) -> Optional[list[str]]:
+        """Complete groups (group_size samples, or waiting past the timeout) in arrival order, until the batch
+        holds at least batch_size samples; None if there are not enough yet. Groups are never split."""
+        groups: dict[str, list[str]] = {}
+        for sid in fresh:
+            groups.setdefault(self.samples[sid].group_id, []).append(sid)
+        now, chosen = self.clock(), []
+        for members in groups.values():
+            first = min(self.samples[sid].created_at for sid in members)
+            if len(members) >= self.group_size or now - first >= self.group_timeout_s:
+                chosen += members
+                if len(chosen) >= batch_size:
+                    return chosen
+        return None
+
     def _is_stale(self, s: Sample, trainer_version: int) -> bool:
         return bool(s.versions) and trainer_version - min(s.versions) > self.max_staleness
 

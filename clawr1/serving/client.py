@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import httpx
@@ -28,6 +28,8 @@ class Generation:
     finish_reason: str  # stop | length | abort
     prompt_logprobs: list[float]  # log P(x_i | x_<i) for the requested prompt suffix
     weight_version: int = 0  # the engine's version when the request finished
+    prompt_top_ids: list[list[int]] = field(default_factory=list)  # top-k ids at each scored prompt position
+    prompt_top_logprobs: list[list[float]] = field(default_factory=list)
 
 
 def generate_payload(input_ids: list[int], sampling_params: dict[str, Any], *, return_logprob: bool = True,
@@ -38,11 +40,12 @@ def generate_payload(input_ids: list[int], sampling_params: dict[str, Any], *, r
     }
 
 
-def prompt_logprobs_payload(input_ids: list[int], first_scored: int) -> dict[str, Any]:
+def prompt_logprobs_payload(input_ids: list[int], first_scored: int, top_k: int = 0) -> dict[str, Any]:
     """Score tokens first_scored.. of `input_ids` with one prefill (SGLang's entry 0 is always null, hence -1)."""
     if first_scored < 1:
         raise ValueError("the first token of a prompt has no log-prob")
-    return generate_payload(input_ids, {"max_new_tokens": 0, "temperature": 0.0}, logprob_start_len=first_scored - 1)
+    return generate_payload(input_ids, {"max_new_tokens": 0, "temperature": 0.0}, logprob_start_len=first_scored - 1,
+                            top_logprobs_num=top_k)
 
 
 def parse_version(value: Any) -> int:
@@ -70,11 +73,14 @@ def parse_generation(reply: dict) -> Generation:
     entries = meta.get("output_token_logprobs") or []
     ids = [int(e[1]) for e in entries] if entries else list(reply.get("output_ids") or [])
     prompt = [float(e[0]) for e in (meta.get("input_token_logprobs") or [])[1:]]
+    tops = (meta.get("input_top_logprobs") or [])[1:]
     reason = meta.get("finish_reason") or {}
     return Generation(
         output_ids=ids, logprobs=[float(e[0]) for e in entries], versions=token_versions(meta, len(ids)),
         text=reply.get("text", ""), finish_reason=reason.get("type", "abort") if isinstance(reason, dict) else str(reason),
         prompt_logprobs=prompt, weight_version=parse_version(meta.get("weight_version")),
+        prompt_top_ids=[[int(e[1]) for e in row] for row in tops if row],
+        prompt_top_logprobs=[[float(e[0]) for e in row] for row in tops if row],
     )
 
 
@@ -96,9 +102,9 @@ class EngineClient:
         resp = await self.http.post("/generate", json=generate_payload(input_ids, sampling_params, **kw))
         return parse_generation(_check(resp, "generate"))
 
-    async def score(self, input_ids: list[int], first_scored: int) -> Generation:
-        """Log-probs of input_ids[first_scored:] from one prefill (in `.prompt_logprobs`)."""
-        resp = await self.http.post("/generate", json=prompt_logprobs_payload(input_ids, first_scored))
+    async def score(self, input_ids: list[int], first_scored: int, top_k: int = 0) -> Generation:
+        """Log-probs of input_ids[first_scored:] from one prefill (`.prompt_logprobs`, `.prompt_top_*`)."""
+        resp = await self.http.post("/generate", json=prompt_logprobs_payload(input_ids, first_scored, top_k))
         return parse_generation(_check(resp, "prompt scoring"))
 
     async def model_info(self) -> dict:

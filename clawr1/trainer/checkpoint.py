@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -29,6 +29,7 @@ class CheckpointMeta:
     tp: int
     dp: int
     family: str
+    baselines: dict = field(default_factory=dict)  # per-task EMA reward baselines
 
 
 def _rng_state() -> dict:

@@ -24,9 +24,14 @@ def _sum(t: Tensor, group) -> Tensor:
     return reduce_from_tensor_model_parallel_region(t, group=group)
 
 
-def vocab_parallel_logprob_entropy(logits: Tensor, targets: Tensor, vocab_start: int,
+def vocab_parallel_logprob_entropy(logits: Tensor, ids: Tensor, vocab_start: int,
                                    group=None) -> tuple[Tensor, Tensor]:
-    """log p(target) and the entropy of each row; `logits` [n, V_shard] hold vocab ids vocab_start.. of this rank."""
+    """log p of the given token ids, and the entropy, for each row.
+
+    `logits` [n, V_shard] hold vocab ids vocab_start.. of this rank; `ids` [n, m]
+    are full-vocabulary ids (the sampled token, then any others such as the
+    teacher's top k): one gather for all of them. Returns ([n, m], [n]).
+    """
     row_max = logits.detach().max(dim=-1, keepdim=True).values
     if group is not None:
         dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=group)
@@ -34,10 +39,10 @@ def vocab_parallel_logprob_entropy(logits: Tensor, targets: Tensor, vocab_start:
     exp = shifted.exp()
     sum_exp = _sum(exp.sum(dim=-1), group)
     log_z = sum_exp.log()  # log of the partition function, relative to row_max
-    local = targets - vocab_start
+    local = ids - vocab_start
     mine = (local >= 0) & (local < logits.shape[-1])
-    picked = shifted.gather(1, local.clamp(0, logits.shape[-1] - 1)[:, None])[:, 0] * mine
-    logp = _sum(picked, group) - log_z
+    picked = shifted.gather(1, local.clamp(0, logits.shape[-1] - 1)) * mine
+    logp = _sum(picked, group) - log_z[:, None]
     expected_logit = _sum((exp * shifted).sum(dim=-1), group) / sum_exp
     entropy = log_z - expected_logit
     return logp, entropy
@@ -45,20 +50,25 @@ def vocab_parallel_logprob_entropy(logits: Tensor, targets: Tensor, vocab_start:
 
 def chunked_logprob_entropy(hidden: Tensor, targets: Tensor, logits_fn: Callable[[Tensor], Tensor],
                             vocab_start: int, group=None, chunk_tokens: int = 1024,
-                            recompute: Optional[bool] = None) -> tuple[Tensor, Tensor]:
-    """Apply `logits_fn` ([n, H] -> [n, V_shard]) chunk by chunk; returns (logp [T], entropy [T])."""
-    recompute = torch.is_grad_enabled() and hidden.requires_grad if recompute is None else recompute
+                            extra_ids: Optional[Tensor] = None,
+                            recompute: Optional[bool] = None) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+    """Apply `logits_fn` ([n, H] -> [n, V_shard]) chunk by chunk.
 
-    def one(h: Tensor, t: Tensor) -> tuple[Tensor, Tensor]:
-        return vocab_parallel_logprob_entropy(logits_fn(h), t, vocab_start, group)
+    Returns (log p of targets [T], entropy [T], log p of extra_ids [T, k] or None).
+    """
+    recompute = torch.is_grad_enabled() and hidden.requires_grad if recompute is None else recompute
+    ids = targets[:, None] if extra_ids is None else torch.cat([targets[:, None], extra_ids], dim=1)
+
+    def one(h: Tensor, i: Tensor) -> tuple[Tensor, Tensor]:
+        return vocab_parallel_logprob_entropy(logits_fn(h), i, vocab_start, group)
 
     logps, ents = [], []
     for start in range(0, hidden.shape[0], chunk_tokens):
-        h, t = hidden[start:start + chunk_tokens], targets[start:start + chunk_tokens]
-        lp, ent = checkpoint(one, h, t, use_reentrant=False) if recompute else one(h, t)
+        h, i = hidden[start:start + chunk_tokens], ids[start:start + chunk_tokens]
+        lp, ent = checkpoint(one, h, i, use_reentrant=False) if recompute else one(h, i)
         logps.append(lp)
         ents.append(ent)
     if not logps:
-        empty = hidden.new_zeros(0)
-        return empty, empty
-    return torch.cat(logps), torch.cat(ents)
+        return hidden.new_zeros(0), hidden.new_zeros(0), None if extra_ids is None else hidden.new_zeros(0, ids.shape[1] - 1)
+    logp, ent = torch.cat(logps), torch.cat(ents)
+    return logp[:, 0], ent, (None if extra_ids is None else logp[:, 1:])

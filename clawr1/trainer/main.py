@@ -112,6 +112,14 @@ class Trainer:
         self.metrics = MetricsWriter(cfg.run_dir, "trainer") if self.lead else None
         self.ckpt_root = cfg.run_dir / "checkpoints"
         self.step = self.version = self.last_batch_id = 0
+        self.baselines: dict[str, float] = {}  # per-task EMA reward baselines (algo.singleton_baseline=ema)
+        self.ref_policy = None
+        if cfg.algo.kl_coef:  # the frozen initial policy, for the KL regularizer
+            self.ref_policy = build_policy(self.model_path, par.tp, par.tp_rank, dtype=self.policy.model.config.params_dtype,
+                                           use_te=use_transformer_engine(cfg.trainer.transformer_engine))
+            self.ref_policy.model.requires_grad_(False)
+            if torch.cuda.is_available():
+                self.ref_policy.model.cuda()
 
     def resume(self) -> None:
         path = broadcast(checkpoint.latest(self.ckpt_root) if self.lead else None, self.par)
@@ -119,7 +127,7 @@ class Trainer:
             log.info("no checkpoint to resume from in %s: starting fresh", self.ckpt_root)
             return
         meta = checkpoint.load(path, self.policy.model, self.optimizer, self.par.tp, self.par.dp)
-        self.step, self.last_batch_id = meta.step, meta.last_batch_id
+        self.step, self.last_batch_id, self.baselines = meta.step, meta.last_batch_id, dict(meta.baselines)
         engines = max(self.publisher.engine_versions()) if self.lead else 0
         self.version = broadcast(max(meta.version, engines), self.par)  # versions only ever go up
         log.info("resumed from %s: step %d, batch %d, weight version %d", path, self.step, self.last_batch_id, self.version)
@@ -138,7 +146,7 @@ class Trainer:
         if every and (force or self.step % every == 0):
             meta = checkpoint.CheckpointMeta(step=self.step, version=self.version, last_batch_id=self.last_batch_id,
                                              base_model=str(self.model_path), tp=self.par.tp, dp=self.par.dp,
-                                             family=self.policy.arch.family)
+                                             family=self.policy.arch.family, baselines=dict(self.baselines))
             checkpoint.save(self.ckpt_root, meta, self.policy.model, self.optimizer, self.cfg.trainer.keep_checkpoints)
         if self.lead and (not every or force or self.step % every == 0):
             self.pool.call(Commit(batch_id=self.last_batch_id))
@@ -154,7 +162,8 @@ class Trainer:
         t = self.cfg.trainer
         t0 = time.monotonic()
         stats = train_step(self.policy, self.optimizer, batch.samples, self.cfg.algo, t.max_tokens_per_microbatch,
-                           t.logprob_chunk_tokens, self.par.dp_rank, self.par.dp)
+                           t.logprob_chunk_tokens, self.par.dp_rank, self.par.dp, trainer_version=self.version,
+                           baselines=self.baselines, ref_policy=self.ref_policy)
         train_s = time.monotonic() - t0
         trained_at = self.version
         self.step += 1

@@ -153,8 +153,9 @@ def hidden_states(policy: Policy, packed: Packed) -> Tensor:
 
 
 def logprobs_and_entropy(policy: Policy, hidden: Tensor, targets: Tensor, temperature: float = 1.0,
-                         chunk_tokens: int = 1024) -> tuple[Tensor, Tensor]:
-    """log p(target | context) and the entropy at each row of `hidden` ([R, H]), in bounded memory.
+                         chunk_tokens: int = 1024, extra_ids: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+    """log p(target | context), the entropy, and log p of `extra_ids` [R, k] (if given) at each row of
+    `hidden` ([R, H]), in bounded memory.
 
     Under tensor parallelism the output layer holds a vocabulary shard; the
     softmax statistics are combined across the TP group.
@@ -177,18 +178,21 @@ def logprobs_and_entropy(policy: Policy, hidden: Tensor, targets: Tensor, temper
             logits = logits.masked_fill(ids >= policy.vocab, float("-inf"))
         return logits
 
-    return chunked_logprob_entropy(hidden, targets.to(hidden.device), logits_fn, tp_rank * shard, group, chunk_tokens)
+    extra = None if extra_ids is None else extra_ids.to(hidden.device)
+    return chunked_logprob_entropy(hidden, targets.to(hidden.device), logits_fn, tp_rank * shard, group, chunk_tokens,
+                                   extra)
 
 
 def packed_logprobs(policy: Policy, packed: Packed, temperature: float = 1.0, chunk_tokens: int = 1024) -> Tensor:
     return packed_logprobs_entropy(policy, packed, temperature, chunk_tokens)[0]
 
 
-def packed_logprobs_entropy(policy: Policy, packed: Packed, temperature: float = 1.0,
-                            chunk_tokens: int = 1024) -> tuple[Tensor, Tensor]:
+def packed_logprobs_entropy(policy: Policy, packed: Packed, temperature: float = 1.0, chunk_tokens: int = 1024,
+                            extra_ids: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Per response token of a packed row: log p, entropy, and log p of `extra_ids` [R, k] if given."""
     hidden = hidden_states(policy, packed)
     return logprobs_and_entropy(policy, hidden[packed.predict_at.to(hidden.device)], packed.targets, temperature,
-                                chunk_tokens)
+                                chunk_tokens, extra_ids)
 
 
 def full_logits(policy: Policy, packed: Packed) -> Tensor:

@@ -86,3 +86,12 @@ def all_reduce_sum(values: list[float], dp: int) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64)
     dist.all_reduce(t, group=dp_group)
     return t.tolist()
+
+
+def all_reduce_max(value: float, dp: int) -> float:
+    if dp == 1:
+        return value
+    dp_group, _ = _groups()
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=dp_group)
+    return float(t[0])

@@ -1,16 +1,29 @@
-"""One optimizer step on a batch of Samples: pack, forward, advantages, PPO loss, backward, step."""
+"""One trainer step on a batch of Samples.
+
+    plan the batch (every rank the same): drop stale samples, scalar-reward advantages (GRPO / EMA baseline)
+    for each PPO epoch, for each minibatch:
+        for each micro-batch of this data-parallel rank's share: pack, forward, per-token loss, backward
+        one optimizer step
+    per-token loss = PPO clipped surrogate of A = w_rl*A_rl + w_opd*(teacher - old), times a TIS weight,
+                     + kl_coef * KL(policy || reference) - entropy_coef * entropy + w_topk * top-k reverse KL
+"""
 from __future__ import annotations
 
-from typing import Any
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import torch
+from torch import Tensor
 
-from clawr1.algo.advantages import combined_token_advantages, opd_token_advantages, rl_token_advantages
-from clawr1.algo.losses import ppo_clipped_token_loss, token_mean
+from clawr1.algo.advantages import (combined_token_advantages, ema_advantages, grpo_advantages, opd_token_advantages,
+                                    rl_token_advantages)
+from clawr1.algo.losses import (aggregation_weights, kl_estimate, ppo_clipped_token_loss, topk_reverse_kl,
+                                truncated_importance_weights)
 from clawr1.config import AlgoConfig
 from clawr1.protocol import Sample
-from clawr1.trainer.model import Policy, pack, packed_logprobs
-from clawr1.trainer.parallel import all_reduce_sum, dp_shard
+from clawr1.trainer.model import Policy, pack, packed_logprobs_entropy
+from clawr1.trainer.parallel import all_reduce_max, all_reduce_sum, dp_shard
 
 
 def micro_batches(samples: list[Sample], max_tokens: int) -> list[list[Sample]]:
@@ -28,7 +41,52 @@ def micro_batches(samples: list[Sample], max_tokens: int) -> list[list[Sample]]:
     return out
 
 
-def _flat(samples: list[Sample], field: str, fill: float = 0.0) -> torch.Tensor:
+# ---------------------------------------------------------------- batch-level planning
+@dataclass
+class BatchPlan:
+    samples: list[Sample]
+    rl_advantage: dict[str, float]  # sample id -> scalar-reward advantage (absent: no reward)
+    dropped_stale: int
+    staleness: Counter
+
+
+def rl_sample_advantages(samples: list[Sample], algo: AlgoConfig,
+                         baselines: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+    """Scalar-reward advantage of each rewarded sample, and the updated EMA baselines."""
+    if not samples:
+        return {}, baselines
+    rewards = torch.tensor([s.reward if s.reward is not None else 0.0 for s in samples], dtype=torch.float64)
+    has = torch.tensor([s.reward is not None for s in samples])
+    if algo.baseline == "none":
+        adv = torch.where(has, rewards, torch.zeros_like(rewards))
+    elif algo.baseline == "group":
+        groups = {g: i for i, g in enumerate(dict.fromkeys(s.group_id for s in samples))}
+        index = torch.tensor([groups[s.group_id] for s in samples])
+        adv = grpo_advantages(rewards, has, index, algo.normalize_std)
+        sizes = Counter(s.group_id for s in samples if s.reward is not None)
+        single = torch.tensor([sizes[s.group_id] == 1 for s in samples]) & has
+        if algo.singleton_baseline == "ema" and bool(single.any()):
+            ema, baselines = ema_advantages(rewards, single, [s.task_id for s in samples], baselines, algo.ema_decay)
+            adv = torch.where(single, ema, adv)
+        elif algo.singleton_baseline == "none":
+            adv = torch.where(single, rewards, adv)
+        elif algo.singleton_baseline != "ema":
+            raise ValueError(f"algo.singleton_baseline must be ema or none, got {algo.singleton_baseline!r}")
+    else:
+        raise ValueError(f"algo.baseline must be group or none, got {algo.baseline!r}")
+    return {s.sample_id: float(a) for s, a, h in zip(samples, adv, has) if h}, baselines
+
+
+def plan_batch(samples: list[Sample], algo: AlgoConfig, trainer_version: int,
+               baselines: dict[str, float]) -> tuple[BatchPlan, dict[str, float]]:
+    staleness = Counter(trainer_version - min(s.versions) for s in samples)
+    kept = [s for s in samples if algo.max_staleness < 0 or trainer_version - min(s.versions) <= algo.max_staleness]
+    advantages, baselines = rl_sample_advantages(kept, algo, baselines)
+    return BatchPlan(kept, advantages, len(samples) - len(kept), staleness), baselines
+
+
+# ---------------------------------------------------------------- one micro-batch
+def _flat(samples: list[Sample], field: str, fill: float = 0.0) -> Tensor:
     values: list[float] = []
     for s in samples:
         v = getattr(s, field)
@@ -36,58 +94,159 @@ def _flat(samples: list[Sample], field: str, fill: float = 0.0) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float32)
 
 
-def micro_batch_loss(policy: Policy, samples: list[Sample], algo: AlgoConfig, total_tokens: int,
-                     chunk_tokens: int = 1024) -> tuple[torch.Tensor, dict]:
+def _topk_inputs(samples: list[Sample]) -> Optional[tuple[Tensor, Tensor, Tensor]]:
+    """(ids [R, k], teacher log-probs [R, k], has-top-k [R]) or None when no sample has a top-k teacher."""
+    k = max((len(s.teacher_topk_ids[0]) for s in samples if s.teacher_topk_ids), default=0)
+    if k == 0:
+        return None
+    ids, lps, has = [], [], []
+    for s in samples:
+        ok = bool(s.teacher_topk_ids) and len(s.teacher_topk_ids[0]) == k
+        for t, tok in enumerate(s.tokens[s.prompt_len:]):
+            ids.append(s.teacher_topk_ids[t] if ok else [tok] * k)
+            lps.append(s.teacher_topk_logprobs[t] if ok else [0.0] * k)
+            has.append(ok)
+    return torch.tensor(ids), torch.tensor(lps, dtype=torch.float32), torch.tensor(has)
+
+
+class Sums(dict):
+    def add(self, key: str, value) -> None:
+        self[key] = self.get(key, 0.0) + float(value)
+
+
+def micro_batch_loss(policy: Policy, samples: list[Sample], plan: BatchPlan, algo: AlgoConfig, total_tokens: int,
+                     total_samples: int, chunk_tokens: int, old: Optional[dict[str, Tensor]],
+                     ref_policy: Optional[Policy], sums: Sums) -> Tensor:
     packed = pack([s.tokens for s in samples], [s.prompt_len for s in samples])
-    logp = packed_logprobs(policy, packed, algo.temperature, chunk_tokens)
-    device = logp.device
-    old = logp.detach()  # one update per batch: the policy that sampled "old" is the one being trained
-    idx = packed.sample_index.to(device)
-    mask = _flat(samples, "loss_mask").to(device)
-    rewards = torch.tensor([s.reward if s.reward is not None else 0.0 for s in samples], device=device)
-    has_reward = torch.tensor([s.reward is not None for s in samples], device=device)
-    has_teacher = torch.tensor([s.teacher_logprobs is not None for s in samples], device=device)[idx]
-    a_rl = rl_token_advantages(rewards, has_reward, idx)
-    a_opd = opd_token_advantages(_flat(samples, "teacher_logprobs").to(device), old, has_teacher)
+    topk = _topk_inputs(samples) if algo.w_topk else None
+    logp, entropy, student_topk = packed_logprobs_entropy(policy, packed, algo.temperature, chunk_tokens,
+                                                          None if topk is None else topk[0])
+    dev = logp.device
+    idx = packed.sample_index.to(dev)
+    old_lp = torch.cat([old[s.sample_id] for s in samples]).to(dev) if old is not None else logp.detach()
+    mask = _flat(samples, "loss_mask").to(dev)
+    rollout = _flat(samples, "rollout_logprobs").to(dev)
+    has_reward = torch.tensor([s.sample_id in plan.rl_advantage for s in samples], device=dev)
+    sample_adv = torch.tensor([plan.rl_advantage.get(s.sample_id, 0.0) for s in samples], device=dev)
+    has_teacher = torch.tensor([s.teacher_logprobs is not None for s in samples], device=dev)[idx]
+    a_rl = rl_token_advantages(sample_adv, has_reward, idx)
+    a_opd = opd_token_advantages(_flat(samples, "teacher_logprobs").to(dev), old_lp, has_teacher)
     adv = combined_token_advantages(a_rl, a_opd, algo.w_rl, algo.w_opd)
-    token_loss, low, high = ppo_clipped_token_loss(logp, old, adv, algo.eps_clip_low, algo.eps_clip_high)
-    loss = token_mean(token_loss, mask, total_tokens)
-    rollout = _flat(samples, "rollout_logprobs").to(device)
-    sums = {
-        "pg_loss": float(loss.detach()),
-        "clip_low_tokens": float((low.float() * mask).sum()), "clip_high_tokens": float((high.float() * mask).sum()),
-        "logprob_abs_diff_sum": float(((rollout - old).abs() * mask).sum()),
-        "adv_rl_sum": float((a_rl * mask).sum()), "adv_opd_sum": float((a_opd * mask).sum()),
-        "opd_tokens": float((has_teacher.float() * mask).sum()),
-    }
-    return loss, sums
+    pg, low, high, dual = ppo_clipped_token_loss(logp, old_lp, adv, algo.eps_clip_low, algo.eps_clip_high, algo.dual_clip)
+    tis = truncated_importance_weights(old_lp, rollout, algo.tis_cap) if algo.tis_cap else torch.ones_like(pg)
+    tokens_per_sample = torch.tensor([float(sum(s.loss_mask)) for s in samples], device=dev)
+    weights = aggregation_weights(idx, mask, algo.loss_aggregation, total_tokens, total_samples, tokens_per_sample)
+    loss = (pg * tis * weights).sum()
+    sums.add("pg_loss", loss.detach())
+    if ref_policy is not None and algo.kl_coef:
+        with torch.no_grad():
+            ref_lp = packed_logprobs_entropy(ref_policy, packed, algo.temperature, chunk_tokens)[0]
+        kl = kl_estimate(logp, ref_lp, algo.kl_estimator)
+        loss = loss + algo.kl_coef * (kl * weights).sum()
+        sums.add("kl_ref_sum", (kl.detach() * mask).sum())
+    if algo.entropy_coef:
+        loss = loss - algo.entropy_coef * (entropy * weights).sum()
+    if topk is not None:
+        has_topk = topk[2].to(dev).float() * mask
+        kl_topk = topk_reverse_kl(student_topk, topk[1].to(dev))
+        loss = loss + algo.w_topk * (kl_topk * weights * topk[2].to(dev)).sum()
+        sums.add("topk_kl_sum", (kl_topk.detach() * has_topk).sum())
+        sums.add("topk_tokens", has_topk.sum())
+    # metrics (sums over tokens, divided once the batch is done)
+    m = mask
+    sums.add("tokens", m.sum())
+    sums.add("entropy_sum", (entropy.detach() * m).sum())
+    sums.add("clip_low", (low.float() * m).sum())
+    sums.add("clip_high", (high.float() * m).sum())
+    sums.add("dual_clip", (dual.float() * m).sum())
+    sums.add("approx_kl_old_sum", (kl_estimate(logp.detach(), old_lp, "k3") * m).sum())
+    sums.add("logprob_abs_diff_sum", ((rollout - old_lp).abs() * m).sum())
+    sums.add("tis_sum", (tis * m).sum())
+    sums.add("tis_clipped", ((torch.exp(old_lp - rollout) > algo.tis_cap).float() * m).sum() if algo.tis_cap else 0.0)
+    sums["tis_max"] = max(sums.get("tis_max", 0.0), float(tis.max()) if tis.numel() else 0.0)
+    rl_tok, opd_tok = has_reward[idx].float() * m, has_teacher.float() * m
+    for name, a, w in (("rl", a_rl, rl_tok), ("opd", a_opd, opd_tok)):
+        sums.add(f"adv_{name}_sum", (a.detach() * w).sum())
+        sums.add(f"adv_{name}_sq", (a.detach() ** 2 * w).sum())
+        sums.add(f"adv_{name}_tokens", w.sum())
+    return loss
+
+
+# ---------------------------------------------------------------- the step
+def _old_logprobs(policy: Policy, samples: list[Sample], algo: AlgoConfig, max_tokens: int,
+                  chunk_tokens: int) -> dict[str, Tensor]:
+    out = {}
+    with torch.no_grad():
+        for mb in micro_batches(samples, max_tokens):
+            packed = pack([s.tokens for s in mb], [s.prompt_len for s in mb])
+            lp = packed_logprobs_entropy(policy, packed, algo.temperature, chunk_tokens)[0].cpu()
+            for s, part in zip(mb, lp.split([s.response_len for s in mb])):
+                out[s.sample_id] = part
+    return out
 
 
 def train_step(policy: Policy, optimizer, samples: list[Sample], algo: AlgoConfig, max_tokens_per_microbatch: int,
-               chunk_tokens: int = 1024, dp_rank: int = 0, dp: int = 1) -> dict[str, Any]:
-    """One optimizer step on the whole batch; with dp > 1, this rank works on its share of it."""
-    total_tokens = int(sum(sum(s.loss_mask) for s in samples))  # of the whole batch, on every rank
-    optimizer.zero_grad()
-    keys = ["pg_loss", "clip_low_tokens", "clip_high_tokens", "logprob_abs_diff_sum", "adv_rl_sum", "adv_opd_sum",
-            "opd_tokens"]
-    sums = dict.fromkeys(keys, 0.0)
-    for mb in micro_batches(dp_shard(samples, dp_rank, dp), max_tokens_per_microbatch):
-        loss, part = micro_batch_loss(policy, mb, algo, total_tokens, chunk_tokens)
-        loss.backward()
-        for k, v in part.items():
-            sums[k] += v
-    sums = dict(zip(keys, all_reduce_sum([sums[k] for k in keys], dp)))
-    opt = optimizer.step()
-    rewards = [s.reward for s in samples if s.reward is not None]
-    n_tok = max(total_tokens, 1)
-    return {
-        "pg_loss": sums["pg_loss"], **opt,
-        "clip_frac_low": sums["clip_low_tokens"] / n_tok, "clip_frac_high": sums["clip_high_tokens"] / n_tok,
-        "logprob_abs_diff": sums["logprob_abs_diff_sum"] / n_tok,
-        "adv_rl_mean": sums["adv_rl_sum"] / n_tok,
-        "adv_opd_mean": sums["adv_opd_sum"] / max(sums["opd_tokens"], 1.0),
-        "samples": len(samples), "response_tokens": total_tokens, "tokens": sum(len(s.tokens) for s in samples),
+               chunk_tokens: int = 1024, dp_rank: int = 0, dp: int = 1, trainer_version: int = 0,
+               baselines: Optional[dict[str, float]] = None, ref_policy: Optional[Policy] = None) -> dict[str, Any]:
+    """One trainer step on the whole batch; with dp > 1, this rank works on its share. Updates `baselines`."""
+    baselines = {} if baselines is None else baselines
+    plan, new_baselines = plan_batch(samples, algo, trainer_version, baselines)
+    baselines.clear()
+    baselines.update(new_baselines)
+    mine = dp_shard(plan.samples, dp_rank, dp)
+    passes = max(1, algo.ppo_epochs) * max(1, algo.minibatches)
+    old = _old_logprobs(policy, mine, algo, max_tokens_per_microbatch, chunk_tokens) if passes > 1 else None
+    sums, opt = Sums(), {"grad_norm": 0.0, "lr": 0.0}
+    for _ in range(max(1, algo.ppo_epochs)):
+        for part in range(max(1, algo.minibatches)):
+            minibatch = plan.samples[part::max(1, algo.minibatches)]
+            if not minibatch:
+                continue
+            total_tokens = int(sum(sum(s.loss_mask) for s in minibatch))
+            optimizer.zero_grad()
+            for mb in micro_batches(dp_shard(minibatch, dp_rank, dp), max_tokens_per_microbatch):
+                loss = micro_batch_loss(policy, mb, plan, algo, total_tokens, len(minibatch), chunk_tokens, old,
+                                        ref_policy, sums)
+                loss.backward()
+            opt = optimizer.step()
+    return _report(plan, samples, sums, opt, passes, dp)
+
+
+def _report(plan: BatchPlan, samples: list[Sample], sums: Sums, opt: dict, passes: int, dp: int) -> dict[str, Any]:
+    keys = sorted(k for k in sums if k != "tis_max")
+    s = dict(zip(keys, all_reduce_sum([sums[k] for k in keys], dp)))
+    s["tis_max"] = all_reduce_max(sums.get("tis_max", 0.0), dp)
+    tok = max(s.get("tokens", 0.0), 1.0)
+
+    def mean_std(name: str) -> tuple[float, float]:
+        n = max(s.get(f"adv_{name}_tokens", 0.0), 1.0)
+        mean = s.get(f"adv_{name}_sum", 0.0) / n
+        return mean, max(s.get(f"adv_{name}_sq", 0.0) / n - mean**2, 0.0) ** 0.5
+
+    rl_mean, rl_std = mean_std("rl")
+    opd_mean, opd_std = mean_std("opd")
+    kept = plan.samples
+    n = max(len(kept), 1)
+    rewards = [x.reward for x in kept if x.reward is not None]
+    stats = {
+        "pg_loss": s.get("pg_loss", 0.0) / passes, **opt,
+        "entropy": s.get("entropy_sum", 0.0) / tok,
+        "clip_frac_low": s.get("clip_low", 0.0) / tok, "clip_frac_high": s.get("clip_high", 0.0) / tok,
+        "dual_clip_frac": s.get("dual_clip", 0.0) / tok,
+        "approx_kl_old": s.get("approx_kl_old_sum", 0.0) / tok,
+        "kl_ref": s.get("kl_ref_sum", 0.0) / tok,
+        "topk_kl": s.get("topk_kl_sum", 0.0) / max(s.get("topk_tokens", 0.0), 1.0),
+        "logprob_abs_diff": s.get("logprob_abs_diff_sum", 0.0) / tok,
+        "tis_mean": s.get("tis_sum", 0.0) / tok, "tis_max": s["tis_max"], "tis_clip_frac": s.get("tis_clipped", 0.0) / tok,
+        "adv_rl_mean": rl_mean, "adv_rl_std": rl_std, "adv_opd_mean": opd_mean, "adv_opd_std": opd_std,
+        "frac_reward": sum(x.reward is not None for x in kept) / n,
+        "frac_teacher": sum(x.teacher_logprobs is not None for x in kept) / n,
+        "frac_topk": sum(x.teacher_topk_ids is not None for x in kept) / n,
+        "frac_both": sum(x.reward is not None and x.teacher_logprobs is not None for x in kept) / n,
+        "samples": len(samples), "samples_trained": len(kept), "dropped_stale_trainer": plan.dropped_stale,
+        "response_tokens": int(sum(sum(x.loss_mask) for x in kept)), "tokens": sum(len(x.tokens) for x in kept),
         "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
-        "reward_frac": len(rewards) / len(samples),
-        "hint_rate": sum(s.teacher_logprobs is not None for s in samples) / len(samples),
+        "hint_rate": sum(x.teacher_logprobs is not None for x in samples) / max(len(samples), 1),
     }
+    stats.update({f"staleness_hist_{k}": v for k, v in sorted(plan.staleness.items())})
+    return stats

@@ -75,3 +75,21 @@ def test_stale_samples_are_dropped_and_counted(tmp_path):
     assert [s.sample_id for s in b.samples] == ["s1", "s2"] and b.dropped_stale == 1
     pool.close()
     assert SamplePool(tmp_path, max_staleness=2, fsync=False).dropped_stale == 1
+
+
+def grouped(i: int, group: str, created: float) -> Sample:
+    s = sample(i)
+    s.group_id, s.created_at = group, created
+    return s
+
+
+def test_groups_are_batched_whole_and_only_when_complete_or_timed_out(tmp_path):
+    now = [100.0]
+    pool = SamplePool(tmp_path, max_staleness=4, fsync=False, group_size=3, group_timeout_s=30, clock=lambda: now[0])
+    pool.add([grouped(0, "a", 99), grouped(1, "b", 99), grouped(2, "a", 99), grouped(3, "b", 99)])
+    assert isinstance(pool.next_batch(req(0, size=2)), NoBatch)  # two groups of 2 of 3
+    pool.add([grouped(4, "a", 99)])
+    b = pool.next_batch(req(0, size=2))
+    assert [s.sample_id for s in b.samples] == ["s0", "s2", "s4"]  # all of group a, never split, over the size
+    now[0] = 200.0  # group b waited past the timeout
+    assert [s.sample_id for s in pool.next_batch(req(1, size=2)).samples] == ["s1", "s3"]

@@ -38,10 +38,16 @@ def main(model: str, samples_path: str, out: str, tp: int) -> None:
     samples = msgspec.msgpack.decode(Path(samples_path).read_bytes(), type=list[Sample])
     # a large eps keeps the first Adam update a smooth function of the gradient (not ~sign(g)), so
     # weights after the step can be compared as tightly as the gradients
-    cfg = TrainerConfig(lr=1e-3, grad_clip=0.5, adam_eps=1e-3)
+    cfg = TrainerConfig(lr=1e-3, grad_clip=0.05, adam_eps=1e-3)
     opt = TorchAdamW(policy.model, cfg, total_steps=10, tp=tp, dp=par.dp)
-    stats = train_step(policy, opt, samples, AlgoConfig(w_rl=1.0, w_opd=0.5), max_tokens_per_microbatch=200,
-                       chunk_tokens=64, dp_rank=par.dp_rank, dp=par.dp)
+    # every objective at once: GRPO + EMA baselines, OPD, top-k KL, reference KL, entropy bonus, dual clip, TIS
+    algo = AlgoConfig(w_rl=1.0, w_opd=0.5, w_topk=0.3, kl_coef=0.1, entropy_coef=0.01, dual_clip=3.0)
+    ref = build_policy(model, tp, par.tp_rank)
+    with torch.no_grad():  # a reference that differs from the policy, so the KL term has a gradient
+        for p in ref.model.parameters():
+            p.mul_(0.98)
+    stats = train_step(policy, opt, samples, algo, max_tokens_per_microbatch=200, chunk_tokens=64,
+                       dp_rank=par.dp_rank, dp=par.dp, ref_policy=ref)
     named = dict(policy.model.named_parameters())
     grads = gather_hf(policy, {k: p.grad.detach().clone() for k, p in named.items()})
     weights = gather_hf(policy, {k: p.detach().clone() for k, p in named.items()})

@@ -1,0 +1,62 @@
+"""Advantages against values worked out by hand (written out, not recomputed with the code under test)."""
+import pytest
+import torch
+
+from clawr1.algo.advantages import (combined_token_advantages, ema_advantages, grpo_advantages, opd_token_advantages,
+                                    rl_token_advantages)
+
+REWARDS = torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 2.0])
+HAS = torch.tensor([True, True, True, True, True, True, False, True])
+GROUPS = torch.tensor([0, 0, 0, 0, 1, 1, 2, 2])
+
+
+def test_grpo_mean_only():
+    # group 0: mean 0.75; group 1: all equal; group 2: one rewarded sample (its own mean), one without reward
+    adv = grpo_advantages(REWARDS, HAS, GROUPS, normalize_std=False)
+    assert torch.allclose(adv, torch.tensor([0.25, -0.75, 0.25, 0.25, 0.0, 0.0, 0.0, 0.0]))
+
+
+def test_grpo_with_std():
+    # group 0: var = (3 * 0.25^2 + 0.75^2) / 4 = 0.1875, std = 0.4330127; 0.25 / std = 0.5773503
+    adv = grpo_advantages(REWARDS, HAS, GROUPS, normalize_std=True)
+    expected = torch.tensor([0.5773503, -1.7320508, 0.5773503, 0.5773503, 0.0, 0.0, 0.0, 0.0])
+    assert torch.allclose(adv, expected, atol=1e-5)
+
+
+def test_grpo_group_with_equal_rewards_gives_exact_zeros():
+    adv = grpo_advantages(torch.tensor([-1.0, -1.0, -1.0]), torch.tensor([True] * 3), torch.tensor([0, 0, 0]))
+    assert adv.tolist() == [0.0, 0.0, 0.0]
+
+
+def test_ema_baseline_per_task():
+    # task a has baseline 0.5; task b is new and starts at its batch mean (1.0)
+    adv, new = ema_advantages(torch.tensor([1.0, -1.0, 1.0]), torch.tensor([True, True, True]), ["a", "a", "b"],
+                              {"a": 0.5}, decay=0.9)
+    assert torch.allclose(adv, torch.tensor([0.5, -1.5, 0.0]))
+    assert new == pytest.approx({"a": 0.45, "b": 1.0})  # a: 0.9 * 0.5 + 0.1 * mean(1, -1)
+
+
+def test_ema_ignores_samples_without_reward():
+    adv, new = ema_advantages(torch.tensor([3.0, 1.0]), torch.tensor([False, True]), ["a", "a"], {"a": 0.0}, 0.5)
+    assert adv.tolist() == [0.0, 1.0] and new == {"a": 0.5}
+
+
+def test_opd_sign_teacher_more_confident_is_positive():
+    teacher = torch.tensor([-0.1, -3.0])
+    old = torch.tensor([-2.0, -1.0])
+    adv = opd_token_advantages(teacher, old, torch.tensor([True, True]))
+    assert torch.allclose(adv, torch.tensor([1.9, -2.0]))
+
+
+def test_combined_with_missing_branches_contributes_exact_zeros():
+    idx = torch.tensor([0, 0, 1, 1, 2])
+    # sample 0: reward only; sample 1: teacher only; sample 2: both
+    rl = rl_token_advantages(torch.tensor([-1.0, 5.0, 2.0]), torch.tensor([True, False, True]), idx)
+    assert rl.tolist() == [-1.0, -1.0, 0.0, 0.0, 2.0]
+    teacher = torch.tensor([9.0, 9.0, -0.5, -2.0, -1.0])  # the values for sample 0 must be ignored
+    old = torch.tensor([-1.0, -1.0, -1.0, -1.0, -1.5])
+    opd = opd_token_advantages(teacher, old, torch.tensor([False, False, True, True, True]))
+    assert opd.tolist() == [0.0, 0.0, 0.5, -1.0, 0.5]
+    assert combined_token_advantages(rl, opd, 2.0, 0.5).tolist() == [-2.0, -2.0, 0.25, -0.5, 4.25]
+    assert combined_token_advantages(rl, opd, 1.0, 0.0).tolist() == rl.tolist()  # binary RL
+    assert combined_token_advantages(rl, opd, 0.0, 1.0).tolist() == opd.tolist()  # OPD
