@@ -54,6 +54,20 @@ class ModelConfig:
 
 
 @dataclass
+class SGLangConfig:
+    """Flags for `python -m sglang.launch_server` (serve.backend=sglang, GPU machines)."""
+
+    tp_size: int = 1
+    mem_fraction_static: float = 0.0  # 0: SGLang's own default
+    context_length: int = 0  # 0: the model's
+    tool_call_parser: str = "qwen25"
+    reasoning_parser: str = ""  # e.g. qwen3 for thinking models; empty: none
+    dtype: str = "auto"
+    extra_args: list[str] = field(default_factory=list)  # any further launch_server flags, verbatim
+    startup_timeout_s: float = 900.0
+
+
+@dataclass
 class ServeConfig:
     backend: str = "embedded"  # embedded | sglang
     host: str = "127.0.0.1"
@@ -61,6 +75,7 @@ class ServeConfig:
     num_threads: int = 1  # torch threads for the embedded engine
     max_running_requests: int = 32
     dtype: str = "float32"
+    sglang: SGLangConfig = field(default_factory=SGLangConfig)
 
 
 @dataclass
@@ -149,6 +164,8 @@ class TrainerConfig:
     host: str = "127.0.0.1"
     publish_port: int = 0  # PUB socket announcing WeightsPublished
     keep_weight_versions: int = 2  # how many published weight directories stay on disk
+    weight_sync: str = "disk"  # disk (safetensors + /update_weights_from_disk) | nccl (SGLang distributed update)
+    weight_sync_bucket_mb: int = 512  # nccl: tensors per /update_weights_from_distributed call, by size
     checkpoint_every: int = 0  # steps between checkpoints; 0: never (each batch is committed right after its step)
     keep_checkpoints: int = 2
     resume: bool = False  # continue from the newest checkpoint in the run directory
