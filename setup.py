@@ -26,7 +26,7 @@ setup(
         "wandb>=0.17",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6"],
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6", "langchain-openai>=0.2", "schemathesis>=3.30"],
         # Never install these on a CPU machine: TransformerEngine's meta package breaks megatron.core.
         "gpu": ["sglang[srt]", "transformer-engine[pytorch]"],
         "cluster": ["ray[default]>=2.9"],

@@ -85,9 +85,11 @@ class GatewayConfig:
     engine_urls: list[str] = field(default_factory=list)  # empty: the run's own engine
     session_ttl_s: float = 900.0
     max_sessions: int = 4096
+    max_session_tokens: int = 20_000_000  # token ids held by all sessions together (memory pressure bound)
     max_request_bytes: int = 1_000_000
     max_prompt_tokens: int = 4096
     default_max_tokens: int = 256
+    max_completion_tokens: int = 4096  # larger max_tokens requests get a 400
     judge_queue_size: int = 4096  # bounded queue of TurnRecords waiting for the judge
     api_key_env: str = "CLAWR1_API_KEY"  # name of the environment variable holding the key
     api_key_file: str = ""  # or a file holding it

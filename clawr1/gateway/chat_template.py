@@ -1,6 +1,16 @@
-"""ChatML rendering, done with token operations so history tokens are never re-derived.
+"""ChatML rendering with tools, done with token operations so history tokens are never re-derived.
 
-Each message renders on its own to `<|im_start|>{role}\\n{content}<|im_end|>\\n`.
+Each message renders on its own:
+
+    <|im_start|>{role}\\n{content}<|im_end|>\\n
+
+- a system message carries the tool signatures when the request has tools:
+  `{content}\\n\\n<tools>\\n{one JSON object per tool}\\n</tools>` (a system
+  message is added when the request has tools but none);
+- an assistant message with tool calls appends one block per call:
+  `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` (Qwen/Hermes format);
+- a tool result renders as role `tool`: `<tool_response>\\n{content}\\n</tool_response>`.
+
 Because the markers are special tokens (BPE never merges across them), the ids
 of a conversation are exactly the concatenation of the ids of its messages.
 The gateway relies on that to extend a session's recorded tokens with only the
@@ -8,7 +18,8 @@ new messages, and the judge to splice a hint into a recorded prompt.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+import json
+from typing import Any, Optional, Sequence
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -17,11 +28,59 @@ END_OF_TEXT = "<|endoftext|>"
 # The same format as a Jinja template, for tools that render with
 # `tokenizer.apply_chat_template` (transformers, SGLang's OpenAI server).
 CHATML_JINJA = (
-    "{%- for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+    "{%- set ns = namespace(tools='') -%}"
+    "{%- for t in (tools or []) -%}"
+    "{%- set ns.tools = ns.tools + ('' if loop.first else '\\n')"
+    " + ((t.function if t.function is defined else t) | tojson(separators=(',', ':'))) -%}"
+    "{%- endfor -%}"
+    "{%- if tools and messages[0].role != 'system' -%}"
+    "{{ '<|im_start|>system\\n\\n\\n<tools>\\n' + ns.tools + '\\n</tools><|im_end|>\\n' }}"
+    "{%- endif -%}"
+    "{%- for message in messages -%}"
+    "{%- set ns.content = message.content if message.content is string else '' -%}"
+    "{%- if message.role == 'system' and tools -%}"
+    "{%- set ns.content = ns.content + '\\n\\n<tools>\\n' + ns.tools + '\\n</tools>' -%}"
+    "{%- elif message.role == 'assistant' and message.tool_calls -%}"
+    "{%- for call in message.tool_calls -%}"
+    "{%- set f = call.function if call.function is defined else call -%}"
+    "{%- set block = '<tool_call>\\n{\"name\": \"' + f.name + '\", \"arguments\": '"
+    " + (f.arguments if f.arguments is string else (f.arguments | tojson)) + '}\\n</tool_call>' -%}"
+    "{%- set ns.content = (ns.content + '\\n' + block) if ns.content else block -%}"
+    "{%- endfor -%}"
+    "{%- elif message.role == 'tool' -%}"
+    "{%- set ns.content = '<tool_response>\\n' + ns.content + '\\n</tool_response>' -%}"
+    "{%- endif -%}"
+    "{{ '<|im_start|>' + message.role + '\\n' + ns.content + '<|im_end|>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
 )
+
+
+def tool_signature(tool: dict) -> str:
+    """One tool as the compact JSON line the system message lists."""
+    return json.dumps(tool.get("function", tool), separators=(",", ":"), ensure_ascii=False)
+
+
+def tool_call_block(name: str, arguments: Any) -> str:
+    """`arguments` may be a dict or the JSON string OpenAI clients send back."""
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call>'
+
+
+def message_content(message: dict, tools: Optional[Sequence[dict]] = None) -> str:
+    """The text between `<|im_start|>{role}\\n` and `<|im_end|>` for one message."""
+    content = message.get("content") or ""
+    role = message["role"]
+    if role == "system" and tools:
+        content += "\n\n<tools>\n" + "\n".join(tool_signature(t) for t in tools) + "\n</tools>"
+    elif role == "assistant" and message.get("tool_calls"):
+        for call in message["tool_calls"]:
+            f = call.get("function", call)
+            block = tool_call_block(f["name"], f.get("arguments", {}))
+            content = f"{content}\n{block}" if content else block
+    elif role == "tool":
+        content = f"<tool_response>\n{content}\n</tool_response>"
+    return content
 
 
 class ChatRenderer:
@@ -37,24 +96,32 @@ class ChatRenderer:
     def encode_text(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def message_text(self, message: dict) -> str:
-        return f"{IM_START}{message['role']}\n{message.get('content') or ''}{IM_END}\n"
+    def message_text(self, message: dict, tools: Optional[Sequence[dict]] = None) -> str:
+        return f"{IM_START}{message['role']}\n{message_content(message, tools)}{IM_END}\n"
 
-    def encode_messages(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> list[int]:
+    def with_tool_system(self, messages: Sequence[dict], tools: Optional[Sequence[dict]]) -> list[dict]:
+        """The messages, with a system message added to carry the tools when there is none."""
+        if tools and (not messages or messages[0]["role"] != "system"):
+            return [{"role": "system", "content": ""}, *messages]
+        return list(messages)
+
+    def encode_messages(self, messages: Sequence[dict], add_generation_prompt: bool = True,
+                        tools: Optional[Sequence[dict]] = None) -> list[int]:
         ids: list[int] = []
-        for m in messages:
-            ids += self.encode_text(self.message_text(m))
+        for m in self.with_tool_system(messages, tools):
+            ids += self.encode_text(self.message_text(m, tools))
         if add_generation_prompt:
             ids += self.generation_prompt_ids
         return ids
 
-    def encode_for_training(self, messages: Sequence[dict]) -> tuple[list[int], list[int]]:
+    def encode_for_training(self, messages: Sequence[dict],
+                            tools: Optional[Sequence[dict]] = None) -> tuple[list[int], list[int]]:
         """Ids and a loss mask that is 1 on assistant content and its closing <|im_end|>."""
         ids: list[int] = []
         mask: list[int] = []
-        for m in messages:
+        for m in self.with_tool_system(messages, tools):
             head = self.encode_text(f"{IM_START}{m['role']}\n")
-            body = self.encode_text(m.get("content") or "") + [self.im_end_id]
+            body = self.encode_text(message_content(m, tools)) + [self.im_end_id]
             trained = 1 if m["role"] == "assistant" else 0
             ids += head + body + self.newline_ids
             mask += [0] * len(head) + [trained] * len(body) + [0] * len(self.newline_ids)

@@ -1,11 +1,26 @@
-"""Request and response shapes of the OpenAI Chat Completions API (the subset we serve)."""
+"""Request and response shapes of the OpenAI Chat Completions API (the subset we serve), plus our endpoints."""
 from __future__ import annotations
 
 import time
 import uuid
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
+
+
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str = Field(min_length=1, max_length=64)
+    arguments: Union[str, dict[str, Any]] = "{}"
+
+
+class ToolCallIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    id: Optional[str] = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
 
 
 class ChatMessage(BaseModel):
@@ -14,7 +29,7 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Optional[Union[str, list[dict[str, Any]]]] = None
     name: Optional[str] = None
-    tool_calls: Optional[list[dict[str, Any]]] = None
+    tool_calls: Optional[list[ToolCallIn]] = None
     tool_call_id: Optional[str] = None
 
     def text(self) -> str:
@@ -22,6 +37,43 @@ class ChatMessage(BaseModel):
         if isinstance(self.content, list):
             return "".join(str(p.get("text", "")) for p in self.content if p.get("type", "text") == "text")
         return self.content or ""
+
+    def as_dict(self) -> dict:
+        """The plain message the renderer and the session store work with."""
+        role = "system" if self.role == "developer" else self.role
+        out: dict[str, Any] = {"role": role, "content": self.text()}
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "type": "function",
+                                  "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                                 for c in self.tool_calls]
+        if self.tool_call_id:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+class FunctionSpec(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(pattern=NAME_PATTERN)
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _object_schema(cls, v: Optional[dict]) -> Optional[dict]:
+        if v is not None and v.get("type", "object") != "object":
+            raise ValueError("a function's parameters must be a JSON schema of type object")
+        return v
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
 
 
 class ChatCompletionRequest(BaseModel):
@@ -35,11 +87,40 @@ class ChatCompletionRequest(BaseModel):
     top_p: Optional[float] = Field(default=None, gt=0, le=1)
     n: int = Field(default=1, ge=1, le=16)
     stop: Optional[Union[str, list[str]]] = None
-    seed: Optional[int] = None
+    seed: Optional[int] = Field(default=None, ge=-(2**63), le=2**63 - 17)  # + choice index stays in int64
     stream: bool = False
+    stream_options: Optional[StreamOptions] = None
     user: Optional[str] = None
-    tools: Optional[list[dict[str, Any]]] = None
-    tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    tools: Optional[list[Tool]] = None
+    tool_choice: Optional[Union[Literal["none", "auto", "required"], dict[str, Any]]] = None
+
+    @field_validator("stop")
+    @classmethod
+    def _few_stops(cls, v):
+        if isinstance(v, list) and len(v) > 4:
+            raise ValueError("at most 4 stop sequences")
+        return v
+
+    def tool_dicts(self) -> Optional[list[dict]]:
+        """The tools to render, or None (also when tool_choice is "none")."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return [t.model_dump(exclude_none=True) for t in self.tools]
+
+
+class FeedbackRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    session_id: str = Field(min_length=1)
+    turn_index: Optional[int] = Field(default=None, ge=0)  # default: the session's latest turn
+    score: Optional[float] = None
+    text: str = ""
+
+
+class CompleteRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    reward: Optional[float] = None
+    text: str = ""
+    done: bool = True
 
 
 def error_body(message: str, type_: str = "invalid_request_error", param: Optional[str] = None,
@@ -51,14 +132,16 @@ def completion_id() -> str:
     return f"chatcmpl-{uuid.uuid4().hex[:24]}"
 
 
-def chat_completion(model: str, choices: list[dict], prompt_tokens: int, completion_tokens: int) -> dict:
+def chat_completion(cid: str, model: str, choices: list[dict], prompt_tokens: int, completion_tokens: int) -> dict:
     return {
-        "id": completion_id(), "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": choices,
+        "id": cid, "object": "chat.completion", "created": int(time.time()), "model": model, "choices": choices,
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                   "total_tokens": prompt_tokens + completion_tokens},
     }
 
 
-def finish_reason(engine_reason: str) -> str:
-    return {"stop": "stop", "length": "length"}.get(engine_reason, "stop")
+def chunk(cid: str, model: str, choices: list[dict], usage: Optional[dict] = None) -> dict:
+    out = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model, "choices": choices}
+    if usage is not None:
+        out["usage"] = usage
+    return out

@@ -3,19 +3,34 @@
 A session remembers the messages it has seen and the exact token ids behind
 them (prompt ids plus the sampled response ids). When the next request's
 messages extend that history, its prompt is the recorded ids plus the ids of
-only the new messages, so earlier responses are never re-tokenized. When they
-do not (edited or compacted history), the session starts a new segment and the
+only the new messages, so earlier responses are never re-tokenized (their
+reasoning blocks and tool-call JSON stay exactly as sampled, even though
+clients send back only the parsed message). When they do not (edited or
+compacted history, other tools), the session starts a new segment and the
 break is counted.
+
+A request with n > 1 leaves n candidate continuations; the next request picks
+one by the assistant message it sends back.
 """
 from __future__ import annotations
 
+import json
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from clawr1.gateway.chat_template import ChatRenderer
 from clawr1.protocol import NextState, TurnRecord
+
+
+@dataclass
+class Candidate:
+    """One sampled reply and the history it ends, waiting for what follows it."""
+
+    messages: list[dict]  # history as the client will send it back, ending with this reply
+    token_ids: list[int]  # exact ids of that history
+    record: TurnRecord
 
 
 @dataclass
@@ -23,14 +38,33 @@ class Session:
     id: str
     segment: int = 0
     turns: int = 0
-    messages: list[dict] = field(default_factory=list)  # history as the client will send it back
-    token_ids: list[int] = field(default_factory=list)  # exact ids of that history
-    pending: Optional[TurnRecord] = None  # the last sampled turn, waiting for what follows it
+    tools: Optional[list[dict]] = None
+    candidates: list[Candidate] = field(default_factory=list)
     last_seen: float = field(default_factory=time.monotonic)
 
+    @property
+    def size(self) -> int:
+        return sum(len(c.token_ids) for c in self.candidates)
 
-def _same_message(a: dict, b: dict) -> bool:
-    return a.get("role") == b.get("role") and (a.get("content") or "") == (b.get("content") or "")
+    def pending(self) -> list[TurnRecord]:
+        return [c.record for c in self.candidates]
+
+
+def _arguments(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
+def canonical(message: dict) -> tuple:
+    """What must match for a client's message to be the one we recorded (ids and formatting aside)."""
+    calls = tuple(
+        (c.get("function", c).get("name"), json.dumps(_arguments(c.get("function", c).get("arguments")), sort_keys=True))
+        for c in (message.get("tool_calls") or []))
+    return message.get("role"), message.get("content") or "", calls
 
 
 def next_state_from(messages: list[dict]) -> NextState:
@@ -43,14 +77,17 @@ def next_state_from(messages: list[dict]) -> NextState:
 
 
 class SessionStore:
-    """Bounded session table: least recently used sessions go first, idle ones expire."""
+    """Bounded session table: idle sessions expire; beyond max_sessions or max_tokens the least recently
+    used go first."""
 
-    def __init__(self, renderer: ChatRenderer, max_sessions: int, ttl_s: float):
+    def __init__(self, renderer: ChatRenderer, max_sessions: int, ttl_s: float, max_tokens: int = 50_000_000):
         self.renderer = renderer
         self.max_sessions = max_sessions
+        self.max_tokens = max_tokens
         self.ttl_s = ttl_s
         self.sessions: OrderedDict[str, Session] = OrderedDict()
         self.prefix_breaks = 0
+        self.tokens = 0
 
     def get(self, session_id: str) -> Session:
         s = self.sessions.get(session_id)
@@ -60,39 +97,53 @@ class SessionStore:
         s.last_seen = time.monotonic()
         return s
 
-    def prompt_for(self, session: Session, messages: list[dict]) -> tuple[list[int], list[dict]]:
-        """Prompt ids for `messages`, and the messages that are new since the recorded history."""
-        hist = session.messages
-        extends = bool(hist) and len(messages) > len(hist) and all(_same_message(a, b) for a, b in zip(hist, messages))
-        if extends:
-            new = messages[len(hist):]
-            return session.token_ids + self.renderer.newline_ids + self.renderer.encode_messages(new), new
-        if hist:
+    def prompt_for(self, session: Session, messages: list[dict],
+                   tools: Optional[list[dict]]) -> tuple[list[int], list[tuple[TurnRecord, NextState]]]:
+        """Prompt ids for `messages`, and each pending turn with what followed it."""
+        wanted = [canonical(m) for m in messages]
+        for chosen in session.candidates:
+            hist = [canonical(m) for m in chosen.messages]
+            if session.tools == tools and len(wanted) > len(hist) and wanted[: len(hist)] == hist:
+                new = messages[len(hist):]
+                ids = chosen.token_ids + self.renderer.newline_ids + self.renderer.encode_messages(new, tools=None)
+                outcome = [(c.record, next_state_from(new) if c is chosen else NextState(kind="none"))
+                           for c in session.candidates]
+                return ids, outcome
+        outcome = [(c.record, next_state_from(messages[-1:]) if i == 0 else NextState(kind="none"))
+                   for i, c in enumerate(session.candidates)]
+        if session.candidates:
             self.prefix_breaks += 1
             session.segment += 1
-        return self.renderer.encode_messages(messages), messages[-1:]
+        return self.renderer.encode_messages(messages, tools=tools), outcome
 
-    def record(self, session: Session, messages: list[dict], reply: dict, prompt_ids: list[int],
-               response_ids: list[int]) -> None:
-        """Remember the history the client will send back next time, with its exact ids."""
-        ids = prompt_ids + response_ids
-        if not response_ids or response_ids[-1] != self.renderer.im_end_id:
-            ids = ids + [self.renderer.im_end_id]  # template token closing a truncated reply; never trained
-        session.messages = list(messages) + [reply]
-        session.token_ids = ids
-        session.turns += 1
+    def record(self, session: Session, messages: list[dict], tools: Optional[list[dict]],
+               replies: list[tuple[dict, list[int], TurnRecord]], prompt_ids: list[int]) -> None:
+        """Remember each reply's history, with its exact ids, as a candidate for the next request."""
+        self.tokens -= session.size
+        session.tools = tools
+        session.candidates = []
+        for reply, response_ids, record in replies:
+            ids = prompt_ids + response_ids
+            if not response_ids or response_ids[-1] != self.renderer.im_end_id:
+                ids = ids + [self.renderer.im_end_id]  # template token closing a truncated reply; never trained
+            session.candidates.append(Candidate(list(messages) + [reply], ids, record))
+        self.tokens += session.size
 
     def expired(self) -> list[Session]:
-        """Remove and return sessions idle past the TTL or beyond the size bound."""
+        """Remove and return sessions idle past the TTL, or beyond the session or token bounds."""
         now = time.monotonic()
         out = []
         while self.sessions:
             sid, s = next(iter(self.sessions.items()))
-            if now - s.last_seen > self.ttl_s or len(self.sessions) > self.max_sessions:
-                out.append(self.sessions.pop(sid))
+            over = len(self.sessions) > self.max_sessions or self.tokens > self.max_tokens
+            if now - s.last_seen > self.ttl_s or over:
+                out.append(self.close(sid))
             else:
                 break
         return out
 
     def close(self, session_id: str) -> Optional[Session]:
-        return self.sessions.pop(session_id, None)
+        s = self.sessions.pop(session_id, None)
+        if s is not None:
+            self.tokens -= s.size
+        return s

@@ -39,7 +39,10 @@ def load_env(import_path: str, args: dict[str, Any], seed: int) -> Any:
 class GatewayChat:
     """The environment's view of the policy: chat through the gateway as a session."""
 
-    def __init__(self, cfg: Config, api_key: str = "clawr1-local"):
+    def __init__(self, cfg: Config):
+        from clawr1.gateway.app import resolve_api_key
+
+        api_key = resolve_api_key(cfg.gateway) or "unused-on-loopback"
         r = cfg.rollout
         self.model = cfg.gateway.model_name
         self.params = {"max_tokens": r.max_tokens, "temperature": r.temperature, "top_p": r.top_p}

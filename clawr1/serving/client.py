@@ -6,15 +6,24 @@ we send; `parse_*` functions pin what we read back.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, AsyncIterator, Optional
 
 import httpx
 
 
 class EngineError(RuntimeError):
     """The engine answered with an error or not at all."""
+
+    def __init__(self, message: str, status: int = 0):
+        super().__init__(message)
+        self.status = status
+
+
+class EngineUnavailable(EngineError):
+    """The engine answered 503 (starting up or shutting down): another engine may serve the request."""
 
 
 @dataclass
@@ -25,9 +34,10 @@ class Generation:
     logprobs: list[float]
     versions: list[int]
     text: str
-    finish_reason: str  # stop | length | abort
+    finish_reason: str  # stop | length | abort ("" while streaming)
     prompt_logprobs: list[float]  # log P(x_i | x_<i) for the requested prompt suffix
     weight_version: int = 0  # the engine's version when the request finished
+    matched_stop: Optional[str] = None  # the stop string that ended generation, if one did
     prompt_top_ids: list[list[int]] = field(default_factory=list)  # top-k ids at each scored prompt position
     prompt_top_logprobs: list[list[float]] = field(default_factory=list)
 
@@ -77,7 +87,8 @@ def parse_generation(reply: dict) -> Generation:
     reason = meta.get("finish_reason") or {}
     return Generation(
         output_ids=ids, logprobs=[float(e[0]) for e in entries], versions=token_versions(meta, len(ids)),
-        text=reply.get("text", ""), finish_reason=reason.get("type", "abort") if isinstance(reason, dict) else str(reason),
+        text=reply.get("text", ""), finish_reason=reason.get("type", "abort") if isinstance(reason, dict) else "",
+        matched_stop=reason.get("matched") if isinstance(reason, dict) and isinstance(reason.get("matched"), str) else None,
         prompt_logprobs=prompt, weight_version=parse_version(meta.get("weight_version")),
         prompt_top_ids=[[int(e[1]) for e in row] for row in tops if row],
         prompt_top_logprobs=[[float(e[0]) for e in row] for row in tops if row],
@@ -85,8 +96,10 @@ def parse_generation(reply: dict) -> Generation:
 
 
 def _check(resp: httpx.Response, what: str) -> Any:
+    if resp.status_code == 503:
+        raise EngineUnavailable(f"{what}: engine unavailable (HTTP 503)")
     if resp.status_code != 200:
-        raise EngineError(f"{what} failed with HTTP {resp.status_code}: {resp.text[:300]}")
+        raise EngineError(f"{what} failed with HTTP {resp.status_code}: {resp.text[:300]}", resp.status_code)
     return resp.json()
 
 
@@ -101,6 +114,32 @@ class EngineClient:
     async def generate(self, input_ids: list[int], sampling_params: dict[str, Any], **kw: Any) -> Generation:
         resp = await self.http.post("/generate", json=generate_payload(input_ids, sampling_params, **kw))
         return parse_generation(_check(resp, "generate"))
+
+    async def generate_stream(self, input_ids: list[int], sampling_params: dict[str, Any],
+                              **kw: Any) -> AsyncIterator[Generation]:
+        """Partial results as the engine streams them (SGLang's default cumulative chunks); the last one is final."""
+        payload = generate_payload(input_ids, sampling_params, stream=True, **kw)
+        async with self.http.stream("POST", "/generate", json=payload) as resp:
+            if resp.status_code != 200:
+                body = (await resp.aread())[:300]
+                error = EngineUnavailable if resp.status_code == 503 else EngineError
+                raise error(f"generate failed with HTTP {resp.status_code}: {body!r}", resp.status_code)
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    return
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    raise EngineError(f"generate failed mid-stream: {chunk['error']}")
+                yield parse_generation(chunk)
+
+    async def health(self) -> bool:
+        try:
+            return (await self.http.get("/health", timeout=5)).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     async def score(self, input_ids: list[int], first_scored: int, top_k: int = 0) -> Generation:
         """Log-probs of input_ids[first_scored:] from one prefill (`.prompt_logprobs`, `.prompt_top_*`)."""

@@ -76,6 +76,8 @@ class SamplingParams:
             raise RequestError("n must be >= 1")
         if len(self.stop) > 32:
             raise RequestError("at most 32 stop strings")
+        if self.sampling_seed is not None and not -(2**63) <= self.sampling_seed < 2**63:
+            raise RequestError("sampling_seed must fit in a signed 64-bit integer")
 
     @property
     def greedy(self) -> bool:
@@ -192,6 +194,33 @@ class Engine:
         state = _read_safetensors_dir(Path(path))
         return self.control(lambda: self._load_state(state, version))
 
+    def update_weights_from_tensors(self, state: dict[str, torch.Tensor], version: Optional[int] = None) -> int:
+        """Load named tensors (any subset of the model's) between decode steps."""
+        return self.control(lambda: self._load_state(state, version, partial=True))
+
+    def pause(self, mode: str = "abort") -> None:
+        """Stop stepping. `abort` finishes every request now (SGLang's default); `in_place`/`retract` keep them
+        (with their KV caches) to continue after `resume`. New requests queue meanwhile; none is refused."""
+        if mode not in ("abort", "in_place", "retract"):
+            raise RequestError(f"pause mode must be abort, in_place or retract, got {mode!r}")
+
+        def do() -> None:
+            self._paused = True
+            if mode == "abort":
+                self._abort({r.req.rid for r in self._running} | {r.req.rid for r in self._waiting})
+
+        self.control(do)
+
+    def resume(self) -> None:
+        def do() -> None:
+            self._paused = False
+
+        self.control(do)
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
     def abort(self, rid: str) -> None:
         """Finish a request early (its client went away); takes effect at the next step boundary."""
         with self._wake:
@@ -217,9 +246,9 @@ class Engine:
         if req.logprob_start_len > n:
             raise RequestError(f"logprob_start_len ({req.logprob_start_len}) is higher than the number of input tokens ({n})")
 
-    def _load_state(self, state: dict[str, torch.Tensor], version: Optional[int]) -> int:
+    def _load_state(self, state: dict[str, torch.Tensor], version: Optional[int], partial: bool = False) -> int:
         own = self.model.state_dict()
-        missing = set(own) - set(state)
+        missing = set() if partial else set(own) - set(state)
         if self.model.config.tie_word_embeddings:
             missing.discard("lm_head.weight")
         unexpected = set(state) - set(own)

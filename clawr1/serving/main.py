@@ -17,10 +17,14 @@ log = logging.getLogger("clawr1.serve")
 
 def main(cfg: Config) -> int:
     setup_logging("serve")
-    if cfg.serve.backend != "embedded":
-        raise SystemExit(f"serve.backend={cfg.serve.backend!r}: only the embedded engine is available in this build")
-    torch.set_num_threads(cfg.serve.num_threads)
     path = resolve_model_path(cfg.model)
+    if cfg.serve.backend == "sglang":
+        from clawr1.serving.sglang import serve_sglang
+
+        return serve_sglang(cfg, str(path))
+    if cfg.serve.backend != "embedded":
+        raise SystemExit(f"serve.backend must be embedded or sglang, got {cfg.serve.backend!r}")
+    torch.set_num_threads(cfg.serve.num_threads)
     engine = Engine(path, dtype=cfg.serve.dtype, max_running=cfg.serve.max_running_requests)
     log.info("engine on %s serving %s", cfg.engine_url, path)
     try:

@@ -113,6 +113,35 @@ def create_app(engine: Engine) -> FastAPI:
         return JSONResponse({"success": True, "message": f"Succeeded to update model weights. Weight version updated to {new}.",
                              "num_paused_requests": 0})
 
+    @app.post("/update_weights_from_tensor")
+    async def update_weights_from_tensor(request: Request) -> JSONResponse:
+        """Tensors in the request itself. The embedded engine takes `load_format: "safetensors"`: each entry of
+        `serialized_named_tensors` is base64 of a safetensors file (SGLang's own format is a pickle, which an
+        HTTP endpoint must not unpickle)."""
+        body = await _json_body(request)
+        try:
+            if (body.get("load_format") or "safetensors") != "safetensors":
+                raise RequestError(f"load_format {body.get('load_format')!r} is not supported; use 'safetensors'")
+            entries = body.get("serialized_named_tensors")
+            if not isinstance(entries, list) or not entries:
+                raise RequestError("serialized_named_tensors must be a non-empty list")
+            state = _decode_tensors(entries[0])  # one entry per TP rank; the embedded engine is one rank
+            new = await asyncio.to_thread(engine.update_weights_from_tensors, state, _version(body.get("weight_version")))
+        except RequestError as e:
+            return JSONResponse({"success": False, "message": str(e)}, 400)
+        return JSONResponse({"success": True, "message": f"Succeeded to update model weights. Weight version updated to {new}."})
+
+    @app.post("/pause_generation")
+    async def pause_generation(request: Request) -> JSONResponse:
+        body = await _json_body(request) if await request.body() else {}
+        await asyncio.to_thread(engine.pause, body.get("mode") or "abort")
+        return JSONResponse({"message": "Generation paused successfully.", "status": "ok"})
+
+    @app.post("/continue_generation")
+    async def continue_generation() -> JSONResponse:
+        await asyncio.to_thread(engine.resume)
+        return JSONResponse({"message": "Generation continued successfully.", "status": "ok"})
+
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> PlainTextResponse:
         return PlainTextResponse("Cache flushed.\n")  # no prefix cache to flush (yet)
@@ -127,6 +156,17 @@ def _version(value: Any) -> int | None:
         return int(value)
     except (TypeError, ValueError):
         raise RequestError(f"weight_version must be an integer (as a string or number), got {value!r}") from None
+
+
+def _decode_tensors(entry: Any) -> dict:
+    import base64
+
+    from safetensors.torch import load
+
+    try:
+        return load(base64.b64decode(entry))
+    except Exception as e:  # not base64, or not a safetensors file
+        raise RequestError(f"serialized_named_tensors entry is not base64 safetensors: {type(e).__name__}") from None
 
 
 def _submit(engine: Engine, req: GenerateRequest) -> asyncio.Queue:

@@ -22,7 +22,7 @@ import torch
 from clawr1.config import ModelConfig, TinyModelConfig
 from clawr1.gateway.chat_template import CHATML_JINJA, END_OF_TEXT, IM_END, IM_START, ChatRenderer
 
-BUILD_VERSION = 1  # bump when the build procedure changes, to invalidate caches
+BUILD_VERSION = 2  # bump when the build procedure changes, to invalidate caches
 CORPUS_DIR = Path(__file__).parent / "corpus"
 SPECIAL_TOKENS = [END_OF_TEXT, IM_START, IM_END, "<tool_call>", "</tool_call>", "<tool_response>",
                   "</tool_response>", "<think>", "</think>"]
@@ -37,13 +37,17 @@ def spec_hash(cfg: TinyModelConfig) -> str:
     h.update(str(BUILD_VERSION).encode())
     for path in sorted(CORPUS_DIR.glob("*.txt")):
         h.update(path.read_bytes())
-    for module in ("preferences", "questions", "warmstart", "env"):
+    for module in ("preferences", "questions", "warmstart", "phrases"):
         h.update((Path(__file__).parents[2] / "envs" / "personal" / f"{module}.py").read_bytes())
+    h.update((Path(__file__).parents[1] / "gateway" / "chat_template.py").read_bytes())
     return h.hexdigest()[:12]
 
 
-def _conversation_texts(convs: list[list[dict]]) -> list[str]:
-    return ["".join(f"{IM_START}{m['role']}\n{m['content']}{IM_END}\n" for m in c) for c in convs]
+def _conversation_texts(convs: list[tuple[list[dict], list | None]]) -> list[str]:
+    from clawr1.gateway.chat_template import message_content
+
+    return ["".join(f"{IM_START}{m['role']}\n{message_content(m, tools)}{IM_END}\n" for m in msgs)
+            for msgs, tools in convs]
 
 
 def train_tokenizer(texts: list[str], vocab_size: int):
@@ -93,10 +97,11 @@ def _batches(examples: list[tuple[list[int], list[int]]], batch_size: int, steps
         yield ids, mask
 
 
-def warm_start(model: torch.nn.Module, tokenizer, convs: list[list[dict]], cfg: TinyModelConfig) -> list[float]:
+def warm_start(model: torch.nn.Module, tokenizer, convs: list[tuple[list[dict], list | None]],
+               cfg: TinyModelConfig) -> list[float]:
     """Supervised pass on assistant tokens; returns the loss curve (one value per 100 steps)."""
     renderer = ChatRenderer(tokenizer)
-    examples = [renderer.encode_for_training(c) for c in convs]
+    examples = [renderer.encode_for_training(msgs, tools) for msgs, tools in convs]
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, weight_decay=0.01)
     warmup = max(1, cfg.sft_steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(

@@ -34,23 +34,46 @@ def gather_hf_state(policy: Policy) -> dict | None:
 
 
 class WeightPublisher:
+    """Gets new weights into every engine, one engine at a time so the others keep serving.
+
+    weight_sync=disk: safetensors in RUN_DIR/weights/vNNNNNN, then /update_weights_from_disk.
+    weight_sync=nccl: NCCL broadcast from trainer rank 0 into SGLang engines, in buckets
+    (clawr1/serving/weight_sync.py; GPU clusters only).
+    """
+
     def __init__(self, cfg: Config, base_model_path: Path):
         self.base = Path(base_model_path)
         self.dir = cfg.run_dir / "weights"
         self.keep = cfg.trainer.keep_weight_versions
         self.engines = [SyncEngineClient(u) for u in cfg.engine_urls]
         self.pub = bus.pub_socket(cfg.publish_addr)
+        self.nccl = None
+        if cfg.trainer.weight_sync == "nccl":
+            from clawr1.serving.weight_sync import DistributedWeightSync
 
-    def publish(self, hf_state: dict, version: int, step: int) -> Path:
+            self.nccl = DistributedWeightSync(cfg.engine_urls, bucket_bytes=cfg.trainer.weight_sync_bucket_mb << 20)
+            self.nccl.connect(cfg.trainer.host, 0, [cfg.serve.sglang.tp_size] * len(cfg.engine_urls))
+        elif cfg.trainer.weight_sync != "disk":
+            raise ValueError(f"trainer.weight_sync must be disk or nccl, got {cfg.trainer.weight_sync!r}")
+
+    def publish(self, hf_state: dict, version: int, step: int) -> str:
         t0 = time.monotonic()
-        path = write_weights_dir(hf_state, self.dir / f"v{version:06d}", copy_from=self.base)
-        for engine in self.engines:  # one engine at a time: the others keep serving
-            engine.update_weights_from_disk(str(path.resolve()), version)
-        self.pub.send_multipart(protocol.encode(WeightsPublished(version=version, step=step, path=str(path),
+        if self.nccl is not None:
+            import torch
+
+            self.nccl.push([(k, v.to("cuda", non_blocking=True)) for k, v in hf_state.items()], version)
+            where = "nccl"
+            torch.cuda.synchronize()
+        else:
+            path = write_weights_dir(hf_state, self.dir / f"v{version:06d}", copy_from=self.base)
+            for engine in self.engines:  # one engine at a time: the others keep serving
+                engine.update_weights_from_disk(str(path.resolve()), version)
+            where = str(path)
+            self._prune(version)
+        self.pub.send_multipart(protocol.encode(WeightsPublished(version=version, step=step, path=where,
                                                                  timestamp=time.time())))
-        self._prune(version)
         log.debug("published v%d in %.2fs", version, time.monotonic() - t0)
-        return path
+        return where
 
     def engine_versions(self) -> list[int]:
         return [int(e.model_info()["weight_version"]) for e in self.engines]
@@ -63,4 +86,6 @@ class WeightPublisher:
     def close(self) -> None:
         for e in self.engines:
             e.close()
+        if self.nccl is not None:
+            self.nccl.close()
         self.pub.close(0)

@@ -16,13 +16,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol
 
+from envs.personal.phrases import MOVE_ON, REASK, STILL_WRONG, SYSTEM_PROMPT
 from envs.personal.preferences import KINDS, OPTIONS, Style, directive_text, violations
 from envs.personal.questions import heldout_questions, train_question
-
-SYSTEM_PROMPT = "You are a helpful assistant."
-MOVE_ON = ("Thanks! Next question: {q}", "Great, thank you. {q}", "Got it. Now: {q}")
-REASK = ("Hmm. {q}", "Let me ask again. {q}", "{q}")
-STILL_WRONG = "Still not what I asked for. {directive}"
 
 
 class ChatClient(Protocol):

@@ -56,6 +56,13 @@ DIRECTIVES: dict[str, dict[str, str]] = {
     },
 }
 
+# Tool use is a preference only when the user's client offers the calculator tool.
+TOOL_OPTIONS = ("none", "calculator")
+TOOL_DIRECTIVES = {"none": "answer without using tools", "calculator": "use the calculator tool before answering"}
+CALCULATOR = {"type": "function", "function": {
+    "name": "calculator", "description": "Evaluate an arithmetic expression.",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}
+
 OPENERS = {"none": "", "sure": "Sure! ", "certainly": "Certainly. "}
 CLOSINGS = {"none": "", "thanks": " Hope this helps!"}
 
@@ -90,7 +97,7 @@ def render_answer(q: Question, style: Style) -> str:
 
 def directive_text(wanted: Style) -> str:
     """'Please put the answer in <ans> tags and end with ...' for the given kinds."""
-    parts = [DIRECTIVES[kind][option] for kind, option in wanted.items()]
+    parts = [TOOL_DIRECTIVES[option] if kind == "tool" else DIRECTIVES[kind][option] for kind, option in wanted.items()]
     if not parts:
         return ""
     body = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import random
 
-from envs.personal.env import MOVE_ON, REASK, STILL_WRONG, SYSTEM_PROMPT
-from envs.personal.preferences import KINDS, OPTIONS, Style, directive_text, random_style, render_answer
-from envs.personal.questions import warmstart_question
+from envs.personal.phrases import MOVE_ON, REASK, STILL_WRONG, SYSTEM_PROMPT
+from envs.personal.preferences import (CALCULATOR, KINDS, OPTIONS, TOOL_OPTIONS, Style, directive_text, random_style,
+                                       render_answer)
+from envs.personal.questions import Question, warmstart_question
 
-Conversation = list[dict[str, str]]  # assistant messages are the training targets
+Conversation = list[dict]  # assistant messages are the training targets
 
 
 def _wanted(rng: random.Random) -> Style:
@@ -31,8 +32,38 @@ def _obey(rng: random.Random, wanted: Style) -> Style:
     return {**random_style(rng), **wanted}
 
 
-def conversation(rng: random.Random) -> Conversation:
-    """One random warm-start conversation."""
+def tool_turns(q: Question, answer: str) -> list[dict]:
+    """Call the calculator, read its result, then answer."""
+    call = {"id": "call_0", "type": "function",
+            "function": {"name": "calculator", "arguments": {"expression": f"{q.a} + {q.b}"}}}
+    return [{"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_0", "content": str(q.answer)},
+            {"role": "assistant", "content": answer}]
+
+
+def tool_conversation(rng: random.Random) -> Conversation:
+    """The calculator is offered: used about half the time, or as a directive says."""
+    q = warmstart_question(rng)
+    wanted = _wanted(rng) if rng.random() < 0.5 else {}
+    if rng.random() < 0.4:
+        wanted["tool"] = rng.choice(TOOL_OPTIONS)
+    user = _directed(q.text, wanted, rng) if wanted else q.text
+    style = _obey(rng, {k: v for k, v in wanted.items() if k != "tool"})
+    use_tool = wanted.get("tool", rng.choice(TOOL_OPTIONS)) == "calculator"
+    msgs: Conversation = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+    answer = render_answer(q, style)
+    return msgs + (tool_turns(q, answer) if use_tool else [{"role": "assistant", "content": answer}])
+
+
+def conversation(rng: random.Random) -> tuple[Conversation, list[dict] | None]:
+    """One random warm-start conversation and the tools it offers (or None)."""
+    if rng.random() < 0.2:
+        return tool_conversation(rng), [CALCULATOR]
+    return plain_conversation(rng), None
+
+
+def plain_conversation(rng: random.Random) -> Conversation:
+    """One random warm-start conversation without tools."""
     msgs: Conversation = [{"role": "system", "content": SYSTEM_PROMPT}]
     q = warmstart_question(rng)
     kind = rng.random()
@@ -64,6 +95,6 @@ def conversation(rng: random.Random) -> Conversation:
     return msgs
 
 
-def conversations(n: int, seed: int) -> list[Conversation]:
+def conversations(n: int, seed: int) -> list[tuple[Conversation, list[dict] | None]]:
     rng = random.Random(seed)
     return [conversation(rng) for _ in range(n)]

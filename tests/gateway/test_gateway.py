@@ -8,29 +8,10 @@ import openai
 import pytest
 import zmq
 
-from clawr1 import bus, protocol
-from clawr1.gateway.chat_template import ChatRenderer
+from clawr1 import protocol
 from clawr1.protocol import TurnRecord
-from tests.conftest import LoopProcess, make_config
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
-
-
-@pytest.fixture(scope="module")
-def stack(tiny_model, tmp_path_factory):
-    """An engine and a gateway as real processes; the test holds the judge's end of the socket."""
-    from transformers import AutoTokenizer
-
-    cfg = make_config(tmp_path_factory.mktemp("gateway"))
-    judge = bus.pull_socket(cfg.judge_turns_addr)
-    engine = LoopProcess(cfg, "serve")
-    gateway = LoopProcess(cfg, "gateway")
-    engine.wait_http(f"{cfg.engine_url}/health")
-    gateway.wait_http(f"{cfg.gateway_url}/health")
-    yield cfg, judge, ChatRenderer(AutoTokenizer.from_pretrained(tiny_model))
-    gateway.stop()
-    engine.stop()
-    judge.close(0)
 
 
 def receive(judge: zmq.Socket, n: int, timeout_ms: int = 20000) -> list[TurnRecord]:
