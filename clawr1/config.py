@@ -75,6 +75,8 @@ class ServeConfig:
     num_threads: int = 1  # torch threads for the embedded engine
     max_running_requests: int = 32
     dtype: str = "float32"
+    num_engines: int = 1  # `clawr1 run` starts this many engines (ports serve.port, extra_ports...)
+    extra_ports: list[int] = field(default_factory=list)  # ports of engines 2..n (filled by `clawr1 run`)
     sglang: SGLangConfig = field(default_factory=SGLangConfig)
 
 
@@ -236,7 +238,9 @@ class Config:
 
     @property
     def engine_urls(self) -> list[str]:
-        return list(self.gateway.engine_urls) or [self.engine_url]
+        """Every engine the gateway routes to and the trainer updates: configured, or the run's own."""
+        own = [self.engine_url] + [f"http://{self.serve.host}:{p}" for p in self.serve.extra_ports]
+        return list(self.gateway.engine_urls) or own
 
     @property
     def gateway_url(self) -> str:
@@ -370,4 +374,6 @@ def assign_free_ports(cfg: Config) -> Config:
     ]:
         if getattr(section, name) == 0:
             setattr(section, name, free_port())
+    while len(cfg.serve.extra_ports) < cfg.serve.num_engines - 1:
+        cfg.serve.extra_ports.append(free_port())
     return cfg

@@ -45,6 +45,7 @@ class Loop:
     command: str  # the clawr1 subcommand
     env: dict[str, str]
     ready: Callable[[], bool]
+    args: tuple[str, ...] = ()  # config overrides for this process only
     proc: Optional[subprocess.Popen] = None
     log_path: Optional[Path] = None
 
@@ -82,7 +83,7 @@ class Supervisor:
         cfg = self.cfg
         wave1 = [
             Loop("pool", "pool", {}, _file_exists(ready_file(cfg, "pool"))),
-            Loop("serve", "serve", {}, _http_ok(f"{cfg.engine_url}/health")),
+            *self._engines(),
             Loop("judge", "judge", {}, _file_exists(ready_file(cfg, "judge"))),
             Loop("gateway", "gateway", {}, _http_ok(f"{cfg.gateway_url}/health")),
         ]
@@ -97,6 +98,14 @@ class Supervisor:
         ]
         wave2 = trainers + [Loop("rollout", "rollout", {}, _file_exists(ready_file(cfg, "rollout")))]
         return [wave1, wave2]
+
+    def _engines(self) -> list[Loop]:
+        cfg = self.cfg
+        if cfg.gateway.engine_urls:  # engines run elsewhere: not ours to start
+            return []
+        ports = [cfg.serve.port, *cfg.serve.extra_ports]
+        return [Loop("serve" if i == 0 else f"serve-{i}", "serve", {}, _http_ok(f"http://{cfg.serve.host}:{p}/health"),
+                     args=(f"serve.port={p}",)) for i, p in enumerate(ports)]
 
     # ------------------------------------------------------------ run
     def run(self) -> int:
@@ -131,7 +140,7 @@ class Supervisor:
         env = {**os.environ, **loop.env, "PYTHONUNBUFFERED": "1"}
         with open(loop.log_path, "ab") as log:
             loop.proc = subprocess.Popen(
-                [sys.executable, "-m", "clawr1.cli", loop.command, "--config", str(self.config_path)],
+                [sys.executable, "-m", "clawr1.cli", loop.command, "--config", str(self.config_path), *loop.args],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 start_new_session=True, preexec_fn=_die_with_parent)
         self.loops.append(loop)

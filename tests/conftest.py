@@ -2,18 +2,14 @@
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from clawr1.config import Config, ModelConfig, assign_free_ports, load_config, save_config
+from clawr1.config import Config, ModelConfig
+from clawr1.devtools import REPO, LoopProcess, local_config  # noqa: F401 (REPO is used by tests)
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
@@ -23,53 +19,7 @@ def tiny_model() -> Path:
     return ensure_tiny_model(ModelConfig())
 
 
-def make_config(run_dir: Path, *overrides: str) -> Config:
-    cfg = load_config(REPO / "recipes" / "combined" / "cpu.yaml", [f"run.dir={run_dir}", *overrides])
-    return assign_free_ports(cfg)
-
-
-class LoopProcess:
-    """One `clawr1 <loop>` process started from a config file; stopped (by PID) at teardown."""
-
-    def __init__(self, cfg: Config, loop: str, env: dict | None = None):
-        cfg.run_dir.mkdir(parents=True, exist_ok=True)
-        self.config_path = cfg.run_dir / f"config-{loop}.yaml"
-        save_config(cfg, self.config_path)
-        self.log_path = cfg.run_dir / f"{loop}.log"
-        self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "clawr1.cli", loop, "--config", str(self.config_path)],
-                                     stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, start_new_session=True)
-
-    def wait_http(self, url: str, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"process exited early:\n{self.log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(url, timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        raise TimeoutError(f"{url} not healthy:\n{self.log_path.read_text()[-3000:]}")
-
-    def wait_file(self, path: Path, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while not path.exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{path} never appeared:\n{self.log_path.read_text()[-3000:]}")
-            time.sleep(0.2)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self.log.close()
+make_config = local_config
 
 
 @pytest.fixture
@@ -77,8 +27,9 @@ def loops():
     """Start loop processes with `loops(cfg, name)`; all are stopped after the test."""
     started: list[LoopProcess] = []
 
-    def start(cfg: Config, loop: str, env: dict | None = None) -> LoopProcess:
-        p = LoopProcess(cfg, loop, env)
+    def start(cfg: Config, loop: str, env: dict | None = None, extra: tuple[str, ...] = (),
+              name: str | None = None) -> LoopProcess:
+        p = LoopProcess(cfg, loop, env, extra, name)
         started.append(p)
         return p
 
@@ -107,3 +58,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+def engine_metric(url: str, name: str) -> float:
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(f"clawr1_engine_{name} "):
+            return float(line.split()[1])
+    raise KeyError(name)

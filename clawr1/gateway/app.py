@@ -7,6 +7,8 @@ import ipaddress
 import os
 from pathlib import Path
 from urllib.parse import quote
+
+import orjson
 from typing import Optional
 
 from fastapi import FastAPI, Request
@@ -83,6 +85,24 @@ class _TooLarge(Exception):
     pass
 
 
+class RequireKey:
+    """ASGI middleware: every path but /health needs `Authorization: Bearer <key>`."""
+
+    def __init__(self, app, key: str):
+        self.app, self.expected = app, f"Bearer {key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+            given = dict(scope.get("headers") or []).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                body = JSONResponse(error_body("missing or wrong API key", "authentication_error", code="invalid_api_key"),
+                                    status_code=401)
+                await send({"type": "http.response.start", "status": 401, "headers": body.raw_headers})
+                await send({"type": "http.response.body", "body": body.body})
+                return
+        await self.app(scope, receive, send)
+
+
 def create_app(gateway: Gateway, api_key: Optional[str] = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -91,15 +111,6 @@ def create_app(gateway: Gateway, api_key: Optional[str] = None) -> FastAPI:
         await gateway.stop()
 
     app = FastAPI(title="clawr1 gateway (OpenAI-compatible)", lifespan=lifespan)
-
-    @app.middleware("http")
-    async def authenticate(request: Request, call_next):
-        if api_key and request.url.path not in OPEN_PATHS:
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                return JSONResponse(error_body("missing or wrong API key", "authentication_error", code="invalid_api_key"),
-                                    status_code=401)
-        return await call_next(request)
 
     @app.exception_handler(GatewayError)
     async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
@@ -132,7 +143,7 @@ def create_app(gateway: Gateway, api_key: Optional[str] = None) -> FastAPI:
             events, sid = await gateway.chat_stream(body, ctx)
             return StreamingResponse(events, media_type="text/event-stream", headers=_session_header(sid))
         result, sid = await gateway.chat(body, ctx)
-        return JSONResponse(result, headers=_session_header(sid))
+        return Response(orjson.dumps(result), media_type="application/json", headers=_session_header(sid))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
@@ -160,6 +171,8 @@ def create_app(gateway: Gateway, api_key: Optional[str] = None) -> FastAPI:
         return PlainTextResponse(gateway.metrics.render(), media_type="text/plain; version=0.0.4")
 
     app.add_middleware(BodyLimit, limit=gateway.cfg.max_request_bytes)
+    if api_key:
+        app.add_middleware(RequireKey, key=api_key)
     return app
 
 

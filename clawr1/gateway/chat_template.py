@@ -88,12 +88,15 @@ class ChatRenderer:
 
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
+        self._fast = getattr(tokenizer, "backend_tokenizer", None)  # the Rust tokenizer: half the cost per call
         self.im_start_id = tokenizer.convert_tokens_to_ids(IM_START)
         self.im_end_id = tokenizer.convert_tokens_to_ids(IM_END)
         self.newline_ids = self.encode_text("\n")
         self.generation_prompt_ids = self.encode_text(f"{IM_START}assistant\n")
 
     def encode_text(self, text: str) -> list[int]:
+        if self._fast is not None:
+            return self._fast.encode(text, add_special_tokens=False).ids
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def message_text(self, message: dict, tools: Optional[Sequence[dict]] = None) -> str:

@@ -23,5 +23,6 @@ def main(cfg: Config) -> int:
     gateway = Gateway(cfg, tokenizer, judge_addr=cfg.judge_turns_addr)
     log.info("gateway on %s -> engines %s, judge %s, auth %s", cfg.gateway_url, cfg.engine_urls, cfg.judge_turns_addr,
              "on" if key else "off (loopback only)")
-    uvicorn.run(create_app(gateway, key), host=cfg.gateway.host, port=cfg.gateway.port, log_level="warning")
+    uvicorn.run(create_app(gateway, key), host=cfg.gateway.host, port=cfg.gateway.port, log_level="warning", loop="uvloop", http="httptools",
+                timeout_keep_alive=75)  # longer than clients keep idle connections: no reuse-vs-close race
     return 0

@@ -12,9 +12,7 @@ import hashlib
 import logging
 from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
-import httpx
-
-from clawr1.serving.client import EngineClient, EngineUnavailable
+from clawr1.serving.client import EngineClient, EngineUnavailable, EngineUnreachable
 
 log = logging.getLogger("clawr1.gateway")
 T = TypeVar("T")
@@ -47,7 +45,7 @@ class EngineRouter:
         for i in self.order(key):
             try:
                 return await fn(self.engines[i])
-            except (httpx.TransportError, EngineUnavailable) as e:
+            except (EngineUnreachable, EngineUnavailable) as e:
                 self.mark(i, False)
                 errors.append(f"{self.engines[i].url}: {type(e).__name__}")
         raise NoEngineError("no engine reachable (" + "; ".join(errors) + ")")
@@ -79,7 +77,7 @@ class EngineRouter:
                 first = await it.__anext__()
             except StopAsyncIteration:
                 return
-            except (httpx.TransportError, EngineUnavailable) as e:
+            except (EngineUnreachable, EngineUnavailable) as e:
                 self.mark(i, False)
                 errors.append(f"{self.engines[i].url}: {type(e).__name__}")
                 continue

@@ -90,6 +90,7 @@ class Gateway:
         self.metrics.counter_fn("prefix_breaks", lambda: self.sessions.prefix_breaks, "histories that stopped extending")
         self.metrics.gauge("engines_healthy", lambda: sum(self.router.healthy), "engines passing health checks")
         self._locks: dict[str, asyncio.Lock] = {}
+        self._engine_wait = 0.0  # seconds spent awaiting engines (for the overhead metric)
         self._tasks: list[asyncio.Task] = []
         self.eos_ids = {self.renderer.im_end_id, tokenizer.convert_tokens_to_ids("<|endoftext|>")}
 
@@ -171,12 +172,15 @@ class Gateway:
         return prompt
 
     async def _generate(self, key: str, prompt: list[int], params: dict) -> Generation:
+        t0 = time.perf_counter()
         try:
             return await self.router.call(key, lambda e: e.generate(prompt, params, return_logprob=True))
         except NoEngineError as e:
             raise GatewayError(503, str(e), "engine_unavailable") from None
         except EngineError as e:
             raise engine_failure(e) from None
+        finally:
+            self._engine_wait += time.perf_counter() - t0
 
     async def _stream(self, key: str, prompt: list[int], params: dict) -> AsyncIterator[Generation]:
         try:
@@ -191,6 +195,7 @@ class Gateway:
     async def chat(self, req: ChatCompletionRequest, ctx: TurnContext) -> tuple[dict, str]:
         """A non-streaming completion; returns (response body, session id)."""
         t0 = time.perf_counter()
+        waited_before = self._engine_wait
         async with self._turn(req, ctx) as turn:
             gens = await asyncio.gather(*(self._generate(turn.key, turn.prompt, self._sampling_params(req, i))
                                           for i in range(req.n)))
@@ -200,7 +205,12 @@ class Gateway:
                                [{"index": c.index, "message": c.message(), "logprobs": None,
                                  "finish_reason": c.finish_reason()} for c in choices],
                                len(turn.prompt), sum(len(c.gen.output_ids) for c in choices))
-        self.metrics.observe(time.perf_counter() - t0, stream="false")
+        total = time.perf_counter() - t0
+        self.metrics.observe(total, stream="false")
+        if req.n == 1:  # the gateway's own work: the request's time minus the time spent waiting for the engine
+            self.metrics.inc("overhead_seconds", max(0.0, total - (self._engine_wait - waited_before)),
+                             help="non-streaming requests: time not spent waiting for an engine")
+            self.metrics.inc("overhead_requests", help="requests counted in overhead_seconds")
         return body, turn.session_id
 
     def _choice(self, index: int, gen: Generation, parse_tools: bool) -> Choice:
@@ -311,7 +321,7 @@ class _Turn:
         self.parse_tools = bool(self.tools)
         self.messages = [m.as_dict() for m in req.messages]
         self.session_id = "" if ctx.side else (ctx.session_id or f"anon-{uuid.uuid4().hex}")
-        self.key = self.session_id or self.cid
+        self.key = ctx.session_id or self.session_id or self.cid  # engine affinity, side turns included
         self.lock: Optional[asyncio.Lock] = None
 
     async def __aenter__(self) -> "_Turn":

@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from clawr1.serving.model_runner import KVCache, ModelRunner
+from clawr1.serving.model_runner import ModelRunner
 
 log = logging.getLogger("clawr1.engine")
 
@@ -91,6 +91,7 @@ class GenerateRequest:
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
+    stream: bool = False  # emit an event per token (otherwise only the final result)
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
@@ -100,7 +101,6 @@ class _Running:
 
     req: GenerateRequest
     on_event: Callable[[dict], None]
-    cache: KVCache
     generator: torch.Generator
     created: float
     output_ids: list[int] = field(default_factory=list)
@@ -111,6 +111,7 @@ class _Running:
     input_top: list = field(default_factory=list)
     finish: Optional[dict] = None
     stop_text_cut: Optional[int] = None
+    slot: int = -1  # KV cache slot while running
 
 
 class Engine:
@@ -123,10 +124,10 @@ class Engine:
         self.model_path = str(model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=getattr(torch, dtype))
-        self.runner = ModelRunner(model)
         self.model = model
         self.max_running = max_running
         self.max_context = max_context or getattr(model.config, "max_position_embeddings", 4096)
+        self.runner = ModelRunner(model, slots=max_running, capacity=self.max_context)
         self.weight_version = weight_version
         self.eos_ids = self._eos_ids(model)
         self._waiting: deque[_Running] = deque()
@@ -137,6 +138,8 @@ class Engine:
         self._wake = threading.Condition()
         self._stopped = False
         self.steps = 0
+        self.requests_total = 0
+        self.tokens_total = 0
         self._thread = threading.Thread(target=self._loop, name="engine-scheduler", daemon=True)
         self._thread.start()
 
@@ -163,7 +166,8 @@ class Engine:
         self._check(req)
         gen = torch.Generator()
         gen.manual_seed(req.params.sampling_seed if req.params.sampling_seed is not None else int(torch.randint(2**62, (1,))))
-        state = _Running(req, on_event, self.runner.new_cache(), gen, time.time())
+        state = _Running(req, on_event, gen, time.time())
+        self.requests_total += 1
         with self._wake:
             self._waiting.append(state)
             self._wake.notify()
@@ -302,29 +306,27 @@ class Engine:
         with self._wake:
             while self._waiting and len(self._running) + len(admitted) < self.max_running:
                 admitted.append(self._waiting.popleft())
+        decoding = [r for r in self._running if r.finish is None]
         for r in admitted:
             self._prefill(r)
-        decoding = [r for r in self._running if r.finish is None]
         if decoding:
-            last = [torch.tensor(r.output_ids[-1:]) for r in decoding]
-            hidden = self.runner.forward(last, [r.cache for r in decoding])
-            logits = self.runner.logits(torch.cat(hidden))
-            for r, row in zip(decoding, logits):
-                self._sample(r, row)
+            tokens = torch.tensor([r.output_ids[-1] for r in decoding])
+            hidden = self.runner.decode(tokens, [r.slot for r in decoding])
+            self._sample(decoding, self.runner.logits(hidden))
         self._running = [r for r in self._running if r.finish is None]
         self.steps += 1
 
     def _prefill(self, r: _Running) -> None:
         req = r.req
-        ids = torch.tensor(req.input_ids)
-        (hidden,) = self.runner.forward([ids], [r.cache])
+        r.slot = self.runner.cache.take()
+        hidden = self.runner.prefill(torch.tensor(req.input_ids), r.slot)
         if req.return_logprob and 0 <= req.logprob_start_len < len(req.input_ids):
             self._prompt_logprobs(r, hidden)
         if req.params.max_new_tokens == 0:
             self._finish(r, {"type": "length", "length": 0})
             return
         self._running.append(r)
-        self._sample(r, self.runner.logits(hidden[-1:])[0])
+        self._sample([r], self.runner.logits(hidden[-1:]))
 
     def _prompt_logprobs(self, r: _Running, hidden: torch.Tensor) -> None:
         """SGLang's layout: entry k is [logprob of x_{s+k} given x_{<s+k}, x_{s+k}, None], entry 0 has no logprob."""
@@ -336,24 +338,33 @@ class Engine:
         if r.req.top_logprobs_num > 0:
             r.input_top = [None] + ([_top(row, r.req.top_logprobs_num) for row in logp] if logp is not None else [])
 
-    def _sample(self, r: _Running, logits: torch.Tensor) -> None:
-        p = r.req.params
-        if p.greedy:
-            logp = torch.log_softmax(logits, dim=-1)
-            token = int(logits.argmax())
-        else:
-            logp = torch.log_softmax(logits / p.temperature, dim=-1)
-            token = int(torch.multinomial(_filtered_probs(logp, p), 1, generator=r.generator))
-        r.output_ids.append(token)
-        r.output_logprobs.append(float(logp[token]))
-        r.versions.append(self.weight_version)
-        if r.req.top_logprobs_num > 0:
-            r.output_top.append(_top(logp, r.req.top_logprobs_num))
-        r.finish = self._finish_reason(r, token)
-        if r.finish is not None:
-            self._finish(r, r.finish)
-        else:
-            r.on_event({"type": "token", **self.result(r)})
+    def _sample(self, batch: list[_Running], logits: torch.Tensor) -> None:
+        """One token for each request of the batch: log-probs batched, randomness per request (its seed)."""
+        temps = torch.tensor([1.0 if r.req.params.greedy else r.req.params.temperature for r in batch])
+        logp = torch.log_softmax(logits / temps[:, None], dim=-1)
+        probs = logp.exp()
+        u = torch.stack([torch.rand((), generator=r.generator) for r in batch])
+        for i, r in enumerate(batch):
+            if r.req.params.greedy:
+                u[i] = -1.0  # marks greedy rows
+            elif _filters(r.req.params):
+                probs[i] = _filtered_probs(logp[i], r.req.params)
+        cdf = probs.cumsum(dim=-1)
+        sampled = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None])[:, 0].clamp(max=logits.shape[-1] - 1)
+        tokens = torch.where(u < 0, logits.argmax(dim=-1), sampled).tolist()
+        chosen = logp.gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist()
+        for i, (r, token, lp) in enumerate(zip(batch, tokens, chosen)):
+            r.output_ids.append(token)
+            self.tokens_total += 1
+            r.output_logprobs.append(lp)
+            r.versions.append(self.weight_version)
+            if r.req.top_logprobs_num > 0:
+                r.output_top.append(_top(logp[i], r.req.top_logprobs_num))
+            r.finish = self._finish_reason(r, token)
+            if r.finish is not None:
+                self._finish(r, r.finish)
+            elif r.req.stream:
+                r.on_event({"type": "token", **self.result(r)})
 
     def _finish_reason(self, r: _Running, token: int) -> Optional[dict]:
         p = r.req.params
@@ -374,7 +385,9 @@ class Engine:
 
     def _finish(self, r: _Running, reason: dict) -> None:
         r.finish = reason
-        r.cache = None  # free the KV cache now, not when the HTTP side lets go
+        if r.slot >= 0:
+            self.runner.cache.release(r.slot)
+            r.slot = -1
         r.on_event({"type": "done", **self.result(r)})
 
     # ------------------------------------------------------------ results in SGLang's shape
@@ -408,6 +421,10 @@ class Engine:
 def _top(logp: torch.Tensor, k: int) -> list[list]:
     values, ids = logp.topk(min(k, logp.numel()))
     return [[v, i, None] for v, i in zip(values.tolist(), ids.tolist())]
+
+
+def _filters(p: SamplingParams) -> bool:
+    return (0 < p.top_k < 1 << 30) or p.top_p < 1.0 or p.min_p > 0
 
 
 def _filtered_probs(logp: torch.Tensor, p: SamplingParams) -> torch.Tensor:

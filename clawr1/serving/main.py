@@ -28,7 +28,8 @@ def main(cfg: Config) -> int:
     engine = Engine(path, dtype=cfg.serve.dtype, max_running=cfg.serve.max_running_requests)
     log.info("engine on %s serving %s", cfg.engine_url, path)
     try:
-        uvicorn.run(create_app(engine), host=cfg.serve.host, port=cfg.serve.port, log_level="warning")
+        uvicorn.run(create_app(engine), host=cfg.serve.host, port=cfg.serve.port, log_level="warning", loop="uvloop", http="httptools",
+                timeout_keep_alive=75)  # longer than clients keep idle connections: no reuse-vs-close race
     finally:
         engine.stop()
     return 0

@@ -1,11 +1,16 @@
-"""Batched forward passes over an HF decoder (Qwen2, Qwen3, Llama) with per-request KV caches.
+"""Batched forward passes over an HF decoder (Qwen2, Qwen3, Llama) with a slot-based KV cache.
 
 The runner reuses the HF model's own modules (norms, projections, rotary
-embedding, MLP), so its numbers are the model's numbers; what it adds is a KV
-cache per request, which lets requests of different lengths decode together in
-one batch and lets new requests join between decode steps (continuous
-batching). Attention runs per request against its own cache; everything else
-runs batched.
+embedding, MLP), so its numbers are the model's numbers. What it adds is a KV
+cache with one slot per running request:
+
+- `prefill(ids, slot)` runs a new request's prompt and fills its slot;
+- `decode(tokens, slots)` advances every running request by one token in one
+  batch: projections and MLP batched, and one attention call per layer over
+  the slots' caches (a mask hides each slot's unused tail).
+
+New requests are prefilled between decode steps and join the next batch
+(continuous batching).
 """
 from __future__ import annotations
 
@@ -13,96 +18,101 @@ import torch
 import torch.nn.functional as F
 
 
-class KVCache:
-    """Keys and values of one request, per layer, with room to grow."""
-
-    def __init__(self, num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, capacity: int = 64):
-        self.length = 0
-        self.keys = [torch.empty(kv_heads, capacity, head_dim, dtype=dtype) for _ in range(num_layers)]
-        self.values = [torch.empty(kv_heads, capacity, head_dim, dtype=dtype) for _ in range(num_layers)]
-
-    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Add k, v ([kv_heads, n, head_dim]) at the current length; return the whole cache of the layer."""
-        n, end = k.shape[1], self.length + k.shape[1]
-        if end > self.keys[layer].shape[1]:
-            grow = max(end, 2 * self.keys[layer].shape[1])
-            for store in (self.keys, self.values):
-                old = store[layer]
-                store[layer] = torch.empty(old.shape[0], grow, old.shape[2], dtype=old.dtype)
-                store[layer][:, : self.length] = old[:, : self.length]
-        self.keys[layer][:, self.length:end] = k
-        self.values[layer][:, self.length:end] = v
-        return self.keys[layer][:, :end], self.values[layer][:, :end]
-
-    def advance(self, n: int) -> None:
-        self.length += n
-
-
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+class SlotCache:
+    """Keys and values for `slots` requests of up to `capacity` tokens, per layer."""
+
+    def __init__(self, layers: int, slots: int, kv_heads: int, capacity: int, head_dim: int, dtype: torch.dtype):
+        shape = (slots, kv_heads, capacity, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype) for _ in range(layers)]
+        self.values = [torch.zeros(shape, dtype=dtype) for _ in range(layers)]
+        self.lengths = torch.zeros(slots, dtype=torch.long)
+        self.capacity = capacity
+        self.free = list(range(slots - 1, -1, -1))
+
+    def take(self) -> int:
+        slot = self.free.pop()
+        self.lengths[slot] = 0
+        return slot
+
+    def release(self, slot: int) -> None:
+        self.free.append(slot)
+
+
 class ModelRunner:
-    def __init__(self, hf_model: torch.nn.Module):
+    def __init__(self, hf_model: torch.nn.Module, slots: int, capacity: int):
         self.model = hf_model.eval()
         cfg = hf_model.config
         self.config = cfg
-        self.num_layers = cfg.num_hidden_layers
         self.num_heads = cfg.num_attention_heads
         self.kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.dtype = next(hf_model.parameters()).dtype
         self.decoder = hf_model.model
         self.lm_head = hf_model.lm_head
-
-    def new_cache(self) -> KVCache:
-        return KVCache(self.num_layers, self.kv_heads, self.head_dim, self.dtype)
+        dtype = next(hf_model.parameters()).dtype
+        self.cache = SlotCache(cfg.num_hidden_layers, slots, self.kv_heads, capacity, self.head_dim, dtype)
 
     @torch.inference_mode()
-    def forward(self, token_chunks: list[torch.Tensor], caches: list[KVCache]) -> list[torch.Tensor]:
-        """Run each request's new tokens (1-D id tensors) after its cached ones.
-
-        Returns, per request, the final hidden states of its new tokens [n_i, hidden];
-        the caches are extended in place.
-        """
-        lengths = [c.numel() for c in token_chunks]
-        positions = torch.cat([torch.arange(c.length, c.length + n) for c, n in zip(caches, lengths)])
-        x = self.decoder.embed_tokens(torch.cat(token_chunks))[None]  # [1, T, hidden]
-        cos, sin = self.decoder.rotary_emb(x, positions[None])
-        cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # [T, 1, head_dim]
+    def prefill(self, ids: torch.Tensor, slot: int) -> torch.Tensor:
+        """Hidden states [n, hidden] of a new request's prompt; its keys and values fill `slot`."""
+        n = ids.numel()
+        positions = torch.arange(n)
+        x = self.decoder.embed_tokens(ids)[None]
+        cos, sin = self._rotary(x, positions)
+        causal = torch.ones(n, n, dtype=torch.bool).tril()
         for i, layer in enumerate(self.decoder.layers):
-            x = x + self._attention(i, layer, layer.input_layernorm(x)[0], cos, sin, lengths, caches)[None]
+            q, k, v = self._qkv(layer, layer.input_layernorm(x)[0], cos, sin)  # [n, heads, hd]
+            self.cache.keys[i][slot, :, :n] = k.transpose(0, 1)
+            self.cache.values[i][slot, :, :n] = v.transpose(0, 1)
+            out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                                                 attn_mask=causal, enable_gqa=True)[0]
+            x = x + layer.self_attn.o_proj(out.transpose(0, 1).reshape(n, -1))[None]
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-        for c, n in zip(caches, lengths):
-            c.advance(n)
-        hidden = self.decoder.norm(x)[0]
-        return list(hidden.split(lengths))
+        self.cache.lengths[slot] = n
+        return self.decoder.norm(x)[0]
 
-    def _attention(self, index, layer, h, cos, sin, lengths, caches) -> torch.Tensor:
+    @torch.inference_mode()
+    def decode(self, tokens: torch.Tensor, slots: list[int]) -> torch.Tensor:
+        """Hidden states [B, hidden] after one more token for each slot; the caches grow by one."""
+        slot_idx = torch.tensor(slots)
+        positions = self.cache.lengths[slot_idx]
+        longest = int(positions.max()) + 1
+        x = self.decoder.embed_tokens(tokens)[None]  # [1, B, hidden]
+        cos, sin = self._rotary(x, positions)
+        visible = torch.arange(longest)[None, :] <= positions[:, None]  # [B, L]: each slot's filled part
+        mask = visible[:, None, None, :]
+        for i, layer in enumerate(self.decoder.layers):
+            q, k, v = self._qkv(layer, layer.input_layernorm(x)[0], cos, sin)  # [B, heads, hd]
+            keys, values = self.cache.keys[i], self.cache.values[i]
+            keys[slot_idx, :, positions] = k
+            values[slot_idx, :, positions] = v
+            if len(slots) == 1:  # a view of the one slot instead of a gathered copy
+                s = slots[0]
+                ks, vs, m = keys[s:s + 1, :, :longest], values[s:s + 1, :, :longest], None
+            else:
+                ks, vs, m = keys[slot_idx, :, :longest], values[slot_idx, :, :longest], mask
+            out = F.scaled_dot_product_attention(q[:, :, None], ks, vs, attn_mask=m, enable_gqa=True)  # [B, heads, 1, hd]
+            x = x + layer.self_attn.o_proj(out[:, :, 0].reshape(len(slots), -1))[None]
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        self.cache.lengths[slot_idx] += 1
+        return self.decoder.norm(x)[0]
+
+    def _rotary(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = self.decoder.rotary_emb(x, positions[None])
+        return cos[0, :, None, :], sin[0, :, None, :]  # [T, 1, head_dim]
+
+    def _qkv(self, layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         attn = layer.self_attn
         q = attn.q_proj(h).view(-1, self.num_heads, self.head_dim)
         k = attn.k_proj(h).view(-1, self.kv_heads, self.head_dim)
         v = attn.v_proj(h).view(-1, self.kv_heads, self.head_dim)
         if hasattr(attn, "q_norm"):  # Qwen3
             q, k = attn.q_norm(q), attn.k_norm(k)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        outs = []
-        start = 0
-        for n, cache in zip(lengths, caches):
-            qi = q[start:start + n].transpose(0, 1)  # [heads, n, hd]
-            ki, vi = cache.append(index, k[start:start + n].transpose(0, 1), v[start:start + n].transpose(0, 1))
-            outs.append(self._sdpa(qi, ki, vi, cache.length).transpose(0, 1).reshape(n, -1))
-            start += n
-        return attn.o_proj(torch.cat(outs))
-
-    def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: int) -> torch.Tensor:
-        n, total = q.shape[1], k.shape[1]
-        mask = None
-        if n > 1:  # new tokens see the cache and the new tokens before them
-            mask = torch.ones(n, total, dtype=torch.bool).tril(diagonal=past)
-        return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, enable_gqa=True)[0]
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

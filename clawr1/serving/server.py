@@ -60,7 +60,7 @@ def parse_generate(body: dict, tokenizer: Any) -> tuple[list[GenerateRequest], b
             requests.append(GenerateRequest(
                 input_ids=list(ids), params=sp, return_logprob=bool(body.get("return_logprob") or False),
                 logprob_start_len=int(body["logprob_start_len"]) if body.get("logprob_start_len") is not None else -1,
-                top_logprobs_num=int(body.get("top_logprobs_num") or 0), **kwargs))
+                top_logprobs_num=int(body.get("top_logprobs_num") or 0), stream=bool(body.get("stream")), **kwargs))
     return requests, batch or any(p.n > 1 for p in params)
 
 
@@ -141,6 +141,14 @@ def create_app(engine: Engine) -> FastAPI:
     async def continue_generation() -> JSONResponse:
         await asyncio.to_thread(engine.resume)
         return JSONResponse({"message": "Generation continued successfully.", "status": "ok"})
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        rows = [("requests_total", "counter", engine.requests_total), ("generated_tokens_total", "counter", engine.tokens_total),
+                ("decode_steps_total", "counter", engine.steps), ("running_requests", "gauge", engine.load["running"]),
+                ("waiting_requests", "gauge", engine.load["waiting"]), ("weight_version", "gauge", engine.weight_version),
+                ("paused", "gauge", int(engine.paused))]
+        return PlainTextResponse("".join(f"# TYPE clawr1_engine_{n} {t}\nclawr1_engine_{n} {v}\n" for n, t, v in rows))
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> PlainTextResponse:

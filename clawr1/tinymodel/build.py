@@ -33,13 +33,19 @@ def _log(msg: str) -> None:
 
 
 def spec_hash(cfg: TinyModelConfig) -> str:
+    """Everything the build trains on: config, corpus, and a sample of the rendered warm-start data.
+
+    Hashing the rendered data rather than source files means a refactor of the env or
+    chat-template code does not force a rebuild, while any change to what the model sees does.
+    """
+    from envs.personal.warmstart import conversations
+
     h = hashlib.sha256(json.dumps(asdict(cfg), sort_keys=True).encode())
     h.update(str(BUILD_VERSION).encode())
     for path in sorted(CORPUS_DIR.glob("*.txt")):
         h.update(path.read_bytes())
-    for module in ("preferences", "questions", "warmstart", "phrases"):
-        h.update((Path(__file__).parents[2] / "envs" / "personal" / f"{module}.py").read_bytes())
-    h.update((Path(__file__).parents[1] / "gateway" / "chat_template.py").read_bytes())
+    for text in _conversation_texts(conversations(200, cfg.seed)):
+        h.update(text.encode())
     return h.hexdigest()[:12]
 
 

@@ -1,0 +1,71 @@
+"""Helpers for tests and benchmarks: one loop process started from a config, stopped by PID."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from clawr1.config import Config, assign_free_ports, load_config, save_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def local_config(run_dir: Path, *overrides: str, recipe: str = "recipes/combined/cpu.yaml") -> Config:
+    """A recipe's config with its run directory set and free ports assigned, for loops started by hand."""
+    return assign_free_ports(load_config(REPO / recipe, [f"run.dir={run_dir}", *overrides]))
+
+
+class LoopProcess:
+    """One `clawr1 <loop>` process started from a config file; stopped (by PID) at teardown."""
+
+    def __init__(self, cfg: Config, loop: str, env: dict | None = None, extra: tuple[str, ...] = (),
+                 name: str | None = None):
+        cfg.run_dir.mkdir(parents=True, exist_ok=True)
+        name = name or loop
+        self.config_path = cfg.run_dir / f"config-{name}.yaml"
+        save_config(cfg, self.config_path)
+        self.log_path = cfg.run_dir / f"{name}.log"
+        self.log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "clawr1.cli", loop, "--config", str(self.config_path), *extra],
+                                     stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, start_new_session=True)
+
+    def wait_http(self, url: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"process exited early:\n{self.log_path.read_text()[-3000:]}")
+            try:
+                if httpx.get(url, timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise TimeoutError(f"{url} not healthy:\n{self.log_path.read_text()[-3000:]}")
+
+    def wait_file(self, path: Path, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while not path.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{path} never appeared:\n{self.log_path.read_text()[-3000:]}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
+
+
+def stop_all(processes: list[LoopProcess]) -> None:
+    for p in reversed(processes):
+        p.stop()
