@@ -26,6 +26,7 @@ setup(
         "pyyaml>=6",
         "numpy>=1.26",
         "wandb>=0.17",
+        "matplotlib>=3.7",
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6", "langchain-openai>=0.2", "schemathesis>=3.30"],

@@ -36,6 +36,9 @@ def _parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export", help="write a trainer checkpoint as an HF safetensors directory")
     e.add_argument("checkpoint", help="RUN_DIR/checkpoints/stepNNNNNN")
     e.add_argument("out_dir")
+    rp = sub.add_parser("report", help="plot runs' curves to a PNG and summarize them in a markdown table")
+    rp.add_argument("run_dirs", nargs="+")
+    rp.add_argument("--out", default="report", help="output prefix (writes PREFIX.png and PREFIX.md)")
     m = sub.add_parser("init-model", help="build (or find cached) the tiny tokenizer + Qwen2 model")
     m.add_argument("out_dir", nargs="?", help="also copy the model here")
     m.add_argument("--config", help="config YAML whose model.tiny section to use")
@@ -60,6 +63,17 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args)
         if args.command == "init-model":
             return _init_model(args)
+        if args.command == "report":
+            from clawr1.report import report
+
+            try:
+                png, md = report([Path(d) for d in args.run_dirs], Path(args.out))
+            except FileNotFoundError as e:
+                print(f"clawr1 report: {e}", file=sys.stderr)
+                return 2
+            print(md.read_text())
+            print(f"wrote {png} and {md}")
+            return 0
         if args.command == "export":
             from clawr1.trainer.export import export_checkpoint
 

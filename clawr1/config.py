@@ -120,7 +120,8 @@ class JudgeConfig:
     host: str = "127.0.0.1"
     port: int = 0  # gateway -> judge TurnRecords (PUSH/PULL)
     teacher: str = "policy"  # policy (self-distillation) | frozen | none
-    teacher_url: str = ""  # frozen teacher engine; empty: the run's own engine
+    teacher_url: str = ""  # frozen teacher engine; empty with teacher=frozen: `clawr1 run` starts one on the base weights
+    teacher_port: int = 0  # port of that engine (filled by `clawr1 run`)
     teacher_topk: int = 0  # also record the teacher's top-k log-probs per token (for algo.w_topk); 0: off
     concurrency: int = 8
     # a next user message matching any of these says the turn was wrong (score -1)
@@ -133,6 +134,20 @@ class JudgeConfig:
                                  r"\bdo not\b", r"\bshould\b", r"\bmust\b", r"\bneed to\b"]
     )
     max_hint_chars: int = 400
+    # llm backend (and the PRM step score of the env backend): any OpenAI-compatible endpoint, or SGLang /generate
+    llm_url: str = ""  # e.g. http://prm-host:30000/v1 (openai) or http://prm-host:30000 (generate)
+    llm_api: str = "openai"  # openai | generate (text prompt rendered in ChatML)
+    llm_model: str = "default"
+    llm_api_key_env: str = "CLAWR1_JUDGE_API_KEY"  # environment variable holding the endpoint's key, if any
+    votes: int = 3  # m evaluation votes and m hint votes per turn, run concurrently
+    last_k_turns: int = 4  # the judge sees this many messages before the turn
+    vote_temperature: float = 0.6
+    vote_max_tokens: int = 512
+    min_hint_chars: int = 10
+    # env backend
+    env_reward: str = "last_turn"  # last_turn | all_turns (every turn of the session gets the outcome)
+    prm_coef: float = 0.0  # > 0: add prm_coef * (PRM majority vote) to each turn's reward (needs llm_url)
+    max_held_sessions: int = 10_000  # all_turns: sessions whose turns wait for their outcome
 
 
 @dataclass
@@ -241,6 +256,13 @@ class Config:
         """Every engine the gateway routes to and the trainer updates: configured, or the run's own."""
         own = [self.engine_url] + [f"http://{self.serve.host}:{p}" for p in self.serve.extra_ports]
         return list(self.gateway.engine_urls) or own
+
+    @property
+    def teacher_engine_url(self) -> str:
+        """Where the judge scores hint-enhanced prompts."""
+        if self.judge.teacher == "frozen":
+            return self.judge.teacher_url or f"http://{self.serve.host}:{self.judge.teacher_port}"
+        return self.engine_urls[0]
 
     @property
     def gateway_url(self) -> str:
@@ -376,4 +398,6 @@ def assign_free_ports(cfg: Config) -> Config:
             setattr(section, name, free_port())
     while len(cfg.serve.extra_ports) < cfg.serve.num_engines - 1:
         cfg.serve.extra_ports.append(free_port())
+    if cfg.judge.teacher == "frozen" and not cfg.judge.teacher_url and not cfg.judge.teacher_port:
+        cfg.judge.teacher_port = free_port()
     return cfg

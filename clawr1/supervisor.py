@@ -104,8 +104,13 @@ class Supervisor:
         if cfg.gateway.engine_urls:  # engines run elsewhere: not ours to start
             return []
         ports = [cfg.serve.port, *cfg.serve.extra_ports]
-        return [Loop("serve" if i == 0 else f"serve-{i}", "serve", {}, _http_ok(f"http://{cfg.serve.host}:{p}/health"),
-                     args=(f"serve.port={p}",)) for i, p in enumerate(ports)]
+        loops = [Loop("serve" if i == 0 else f"serve-{i}", "serve", {}, _http_ok(f"http://{cfg.serve.host}:{p}/health"),
+                      args=(f"serve.port={p}",)) for i, p in enumerate(ports)]
+        if cfg.judge.teacher == "frozen" and not cfg.judge.teacher_url:  # the base weights, never updated
+            port = cfg.judge.teacher_port
+            loops.append(Loop("teacher", "serve", {}, _http_ok(f"http://{cfg.serve.host}:{port}/health"),
+                              args=(f"serve.port={port}",)))
+        return loops
 
     # ------------------------------------------------------------ run
     def run(self) -> int:

@@ -18,6 +18,8 @@ from typing import Optional
 from clawr1 import bus, protocol
 from clawr1.config import Config
 from clawr1.gateway.chat_template import ChatRenderer
+from clawr1.judge.env import EnvJudge
+from clawr1.judge.llm import LlmJudge
 from clawr1.judge.rules import RulePatterns, Verdict, judge_rules
 from clawr1.judge.teacher import Teacher
 from clawr1.protocol import Ack, Sample, TurnRecord
@@ -43,25 +45,48 @@ def make_sample(record: TurnRecord, verdict: Verdict, teacher: Optional[Generati
 
 
 class Judge:
+    """Verdicts from the configured backend, teacher scores for hints, Samples to the pool."""
+
     def __init__(self, cfg: Config, tokenizer):
         self.cfg = cfg
         self.patterns = RulePatterns.compile(cfg.judge.correction_patterns, cfg.judge.directive_patterns)
+        backend = cfg.judge.backend
+        if backend not in ("rules", "llm", "env"):
+            raise ValueError(f"judge.backend must be rules, llm or env, got {backend!r}")
+        self.llm = LlmJudge(cfg.judge) if backend == "llm" else None
+        self.env = EnvJudge(cfg.judge) if backend == "env" else None
         self.renderer = ChatRenderer(tokenizer)
         self.teacher: Optional[Teacher] = None
+        if cfg.judge.teacher not in ("policy", "frozen", "none"):
+            raise ValueError(f"judge.teacher must be policy, frozen or none, got {cfg.judge.teacher!r}")
         if cfg.judge.teacher != "none":
-            url = cfg.judge.teacher_url if cfg.judge.teacher == "frozen" else cfg.engine_urls[0]
-            if not url:
+            if cfg.judge.teacher == "frozen" and not (cfg.judge.teacher_url or cfg.judge.teacher_port):
                 raise ValueError("judge.teacher=frozen needs judge.teacher_url (an engine serving the frozen weights)")
-            self.teacher = Teacher(EngineClient(url), self.renderer)
+            self.teacher = Teacher(EngineClient(cfg.teacher_engine_url), self.renderer)
         self.pool = bus.AsyncRpcClient(cfg.pool_samples_addr, timeout_s=30.0)
         self.counts: Counter = Counter()
         self.latency_sum = 0.0
+        self.latency_n = 0
         self.version = 0
         self.inflight = 0
 
+    async def verdicts(self, record: TurnRecord) -> list[tuple[TurnRecord, Verdict]]:
+        if not record.main:
+            return [(record, Verdict(None))]
+        if self.env is not None:
+            return await self.env.verdicts(record)
+        if self.llm is not None:
+            return [(record, await self.llm.verdict(record))]
+        return [(record, judge_rules(record, self.patterns, self.cfg.judge.max_hint_chars))]
+
     async def handle(self, record: TurnRecord) -> None:
         t0 = time.monotonic()
-        verdict = judge_rules(record, self.patterns, self.cfg.judge.max_hint_chars) if record.main else Verdict(None)
+        for ready, verdict in await self.verdicts(record):
+            await self._emit(ready, verdict)
+        self.latency_sum += time.monotonic() - t0
+        self.latency_n += 1
+
+    async def _emit(self, record: TurnRecord, verdict: Verdict) -> None:
         teacher = None
         if verdict.hint and self.teacher is not None and record.response_ids:
             teacher = await self.teacher.score(record.prompt_ids, record.response_ids, verdict.hint,
@@ -74,7 +99,6 @@ class Judge:
             return
         self.counts["with_hint"] += teacher is not None
         await self.send(make_sample(record, verdict, teacher))
-        self.latency_sum += time.monotonic() - t0
 
     async def send(self, sample: Sample) -> None:
         """Deliver to the pool; return once it is durable there (retries are idempotent)."""
@@ -97,12 +121,25 @@ class Judge:
             delay = min(delay * 2, 5.0)
 
     def report(self) -> dict:
-        sent = self.counts["samples_sent"]
-        return {
-            **{k: v for k, v in self.counts.items()}, "inflight": self.inflight,
+        out = {
+            **dict(self.counts), "inflight": self.inflight,
+            "backlog": self.counts["received"] - self.latency_n,  # taken off the socket, not yet finished
             "hint_rate": self.counts["with_hint"] / max(self.counts["judged"], 1),
-            "mean_latency_s": self.latency_sum / max(sent, 1),
+            "mean_latency_s": self.latency_sum / max(self.latency_n, 1),
         }
+        if self.llm is not None:
+            out.update(self.llm.report())
+        if self.env is not None:
+            out["held_sessions"] = len(self.env.held)
+            out["dropped_held_turns"] = self.env.dropped_held
+        return out
+
+    async def close(self) -> None:
+        for part in (self.llm, self.env):
+            if part is not None:
+                await part.close()
+        if self.teacher is not None:
+            await self.teacher.engine.close()
 
 
 async def serve(cfg: Config, judge: Judge, stop: asyncio.Event, on_ready=None) -> None:
@@ -167,7 +204,10 @@ def main(cfg: Config) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await serve(cfg, judge, stop, on_ready=lambda: mark_ready(cfg, "judge"))
+        try:
+            await serve(cfg, judge, stop, on_ready=lambda: mark_ready(cfg, "judge"))
+        finally:
+            await judge.close()
 
     asyncio.run(run())
     log.info("judge stopped: %s", dict(judge.counts))

@@ -161,6 +161,7 @@ def micro_batch_loss(policy: Policy, samples: list[Sample], plan: BatchPlan, alg
     sums.add("dual_clip", (dual.float() * m).sum())
     sums.add("approx_kl_old_sum", (kl_estimate(logp.detach(), old_lp, "k3") * m).sum())
     sums.add("logprob_abs_diff_sum", ((rollout - old_lp).abs() * m).sum())
+    sums.add("kl_rollout_sum", (kl_estimate(rollout, old_lp, "k3") * m).sum())  # KL(behaviour || trained policy)
     sums.add("tis_sum", (tis * m).sum())
     sums.add("tis_clipped", ((torch.exp(old_lp - rollout) > algo.tis_cap).float() * m).sum() if algo.tis_cap else 0.0)
     sums["tis_max"] = max(sums.get("tis_max", 0.0), float(tis.max()) if tis.numel() else 0.0)
@@ -237,6 +238,7 @@ def _report(plan: BatchPlan, samples: list[Sample], sums: Sums, opt: dict, passe
         "kl_ref": s.get("kl_ref_sum", 0.0) / tok,
         "topk_kl": s.get("topk_kl_sum", 0.0) / max(s.get("topk_tokens", 0.0), 1.0),
         "logprob_abs_diff": s.get("logprob_abs_diff_sum", 0.0) / tok,
+        "kl_rollout": s.get("kl_rollout_sum", 0.0) / tok,
         "tis_mean": s.get("tis_sum", 0.0) / tok, "tis_max": s["tis_max"], "tis_clip_frac": s.get("tis_clipped", 0.0) / tok,
         "adv_rl_mean": rl_mean, "adv_rl_std": rl_std, "adv_opd_mean": opd_mean, "adv_opd_std": opd_std,
         "frac_reward": sum(x.reward is not None for x in kept) / n,

@@ -12,6 +12,7 @@ profile.
 """
 from __future__ import annotations
 
+import asyncio
 import random
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol
@@ -92,17 +93,18 @@ class PersonalEnv:
         n = self.cfg.questions_per_session
         return {"first_try_ok": first_ok / n, "corrections": corrections, "reasks": reasks}
 
-    async def evaluate(self, client: ChatClient, n: int, session_prefix: str) -> dict[str, float]:
+    async def evaluate(self, client: ChatClient, n: int, session_prefix: str, concurrency: int = 16) -> dict[str, float]:
         """Personalization score on held-out first responses (side turns: they never train)."""
-        hits = 0
-        per_kind = {kind: 0 for kind in self.profile}
-        for i, q in enumerate(heldout_questions(n, self.seed)):
-            messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": q.text}]
-            answer = await client.chat(f"{session_prefix}-{i}", messages, side=True, seed=self.seed * 100_003 + i)
-            wrong = violations(answer, self.profile)
-            hits += not wrong
-            for kind in self.profile:
-                per_kind[kind] += kind not in wrong
-        out = {"personalization_score": hits / n}
-        out.update({f"pref_{kind}": c / n for kind, c in per_kind.items()})
+        slots = asyncio.Semaphore(concurrency)
+
+        async def first_response(i: int, text: str) -> str:
+            messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": text}]
+            async with slots:
+                return await client.chat(f"{session_prefix}-{i}", messages, side=True, seed=self.seed * 100_003 + i)
+
+        questions = heldout_questions(n, self.seed)
+        answers = await asyncio.gather(*(first_response(i, q.text) for i, q in enumerate(questions)))
+        wrong = [violations(a, self.profile) for a in answers]
+        out = {"personalization_score": sum(not w for w in wrong) / n}
+        out.update({f"pref_{kind}": sum(kind not in w for w in wrong) / n for kind in self.profile})
         return out

@@ -1,0 +1,57 @@
+"""The `env` judge: outcome rewards from environments, optionally plus a PRM step score.
+
+An environment reports its outcome through the gateway's complete endpoint, which
+arrives as the next state of the session's last turn. With env_reward=all_turns,
+the session's earlier turns wait here (bounded) and all get the outcome, as
+trajectory-level GRPO expects; with last_turn only the last turn does. A PRM
+(the llm judge's majority vote, -1/0/+1) adds prm_coef * vote to every turn.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Optional
+
+from clawr1.config import JudgeConfig
+from clawr1.judge.llm import LlmJudge
+from clawr1.judge.rules import Verdict
+from clawr1.protocol import TurnRecord
+
+
+class EnvJudge:
+    def __init__(self, cfg: JudgeConfig):
+        if cfg.env_reward not in ("last_turn", "all_turns"):
+            raise ValueError(f"judge.env_reward must be last_turn or all_turns, got {cfg.env_reward!r}")
+        self.cfg = cfg
+        self.prm = LlmJudge(cfg) if cfg.prm_coef else None
+        self.held: OrderedDict[str, list[TurnRecord]] = OrderedDict()
+        self.dropped_held = 0
+
+    async def verdicts(self, record: TurnRecord) -> list[tuple[TurnRecord, Verdict]]:
+        """The turns that are ready to become samples now, each with its verdict."""
+        ns = record.next_state
+        is_outcome = ns is not None and ns.kind == "outcome"
+        if self.cfg.env_reward == "all_turns" and not is_outcome:
+            self._hold(record)
+            return []
+        ready = self.held.pop(record.session_id, []) + [record] if is_outcome else [record]
+        outcome: Optional[float] = ns.reward if is_outcome else None
+        out = []
+        for r in ready:
+            score = outcome if (outcome is not None and (r is record or self.cfg.env_reward == "all_turns")) else None
+            if self.prm is not None and r.next_state is not None:
+                prm = (await self.prm.verdict(r, with_hints=False)).score
+                if prm is not None:
+                    score = (score or 0.0) + self.cfg.prm_coef * prm
+            out.append((r, Verdict(score, reason="outcome" if outcome is not None else "prm")))
+        return out
+
+    def _hold(self, record: TurnRecord) -> None:
+        self.held.setdefault(record.session_id, []).append(record)
+        self.held.move_to_end(record.session_id)
+        while len(self.held) > self.cfg.max_held_sessions:
+            _, lost = self.held.popitem(last=False)
+            self.dropped_held += len(lost)  # counted, and visible in the judge's metrics
+
+    async def close(self) -> None:
+        if self.prm is not None:
+            await self.prm.close()

@@ -1,0 +1,106 @@
+"""`clawr1 report RUN_DIR [RUN_DIR ...]`: the runs' curves in one PNG and a short markdown table.
+
+Curves (x: trainer step / weight version): mean reward, personalization score
+(held-out evaluation), KL (to the reference if kept, else from the sampling policy to
+the trained one: the off-policy gap),
+entropy, hint rate, staleness. Table: per run, the objective, the score before
+and after training, and the wall time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+from clawr1.tracking import read_metrics
+
+PANELS = [("reward_mean", "mean reward"), ("personalization_score", "personalization score (held-out)"),
+          ("kl", "KL (to reference if kept, else behaviour || trained)"), ("entropy", "entropy"), ("hint_rate", "hint rate"),
+          ("staleness_mean", "staleness (versions)")]
+
+
+@dataclass
+class RunCurves:
+    name: str
+    objective: str
+    series: dict[str, list[tuple[int, float]]]
+    wall_s: float
+
+    def last(self, key: str) -> Optional[float]:
+        return self.series[key][-1][1] if self.series.get(key) else None
+
+    def first(self, key: str) -> Optional[float]:
+        return self.series[key][0][1] if self.series.get(key) else None
+
+
+def _objective(run_dir: Path) -> str:
+    path = run_dir / "config.yaml"
+    if not path.exists():
+        return "?"
+    algo = (yaml.safe_load(path.read_text()) or {}).get("algo", {})
+    parts = [f"{k}={algo.get(k)}" for k in ("w_rl", "w_opd", "w_topk") if algo.get(k)]
+    return ", ".join(parts) or "no objective"
+
+
+def load_run(run_dir: Path) -> RunCurves:
+    rows = read_metrics(run_dir)
+    if not rows:
+        raise FileNotFoundError(f"{run_dir} has no metrics.jsonl (is it a clawr1 run directory?)")
+    series: dict[str, list[tuple[int, float]]] = {k: [] for k, _ in PANELS}
+    for r in rows:
+        if r.get("loop") == "trainer" and "pg_loss" in r:
+            for key in ("reward_mean", "entropy", "hint_rate", "staleness_mean"):
+                series[key].append((r["step"], r[key]))
+            series["kl"].append((r["step"], r["kl_ref"] if r.get("kl_ref") else r.get("kl_rollout", 0.0)))
+        elif r.get("loop") == "rollout" and "personalization_score" in r:
+            series["personalization_score"].append((r["eval_version"], r["personalization_score"]))
+    series["personalization_score"].sort()
+    times = [r["time"] for r in rows]
+    return RunCurves(run_dir.name, _objective(run_dir), series, max(times) - min(times))
+
+
+def markdown_table(runs: list[RunCurves]) -> str:
+    def fmt(x: Optional[float]) -> str:
+        return "n/a" if x is None else f"{x:.3f}"
+
+    lines = ["| run | objective | steps | score before | score after | best score | final reward | wall time |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        scores = [v for _, v in r.series["personalization_score"]]
+        steps = r.series["reward_mean"][-1][0] if r.series["reward_mean"] else 0
+        lines.append(f"| {r.name} | {r.objective} | {steps} | {fmt(r.first('personalization_score'))} | "
+                     f"{fmt(r.last('personalization_score'))} | {fmt(max(scores) if scores else None)} | "
+                     f"{fmt(r.last('reward_mean'))} | {r.wall_s / 60:.1f} min |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(runs: list[RunCurves], out_png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    for ax, (key, title) in zip(axes.flat, PANELS):
+        for r in runs:
+            if r.series[key]:
+                xs, ys = zip(*r.series[key])
+                ax.plot(xs, ys, marker="o" if key == "personalization_score" else None, markersize=3, label=r.name)
+        ax.set_title(title)
+        ax.set_xlabel("trainer step / weight version")
+        ax.grid(alpha=0.3)
+    axes.flat[1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+
+
+def report(run_dirs: list[Path], out_prefix: Path) -> tuple[Path, Path]:
+    runs = [load_run(Path(d)) for d in run_dirs]
+    png, md = out_prefix.with_suffix(".png"), out_prefix.with_suffix(".md")
+    png.parent.mkdir(parents=True, exist_ok=True)
+    plot(runs, png)
+    md.write_text(markdown_table(runs) + f"\n![curves]({png.name})\n")
+    return png, md

@@ -1,0 +1,86 @@
+"""The judge's backends end to end: sample merging, env outcomes for whole sessions, llm votes on real endpoints."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from clawr1.config import JudgeConfig
+from clawr1.judge.env import EnvJudge
+from clawr1.judge.llm import LlmJudge
+from clawr1.judge.main import make_sample
+from clawr1.judge.rules import Verdict
+from clawr1.protocol import NextState, TurnRecord
+from clawr1.serving.client import Generation
+from tests.conftest import LoopProcess, engine_metric, make_config
+
+
+def record(session: str, turn: int, next_state=None) -> TurnRecord:
+    return TurnRecord(session_id=session, turn_index=turn, prompt_ids=[1, 2], response_ids=[3, 4],
+                      rollout_logprobs=[-1.0, -2.0], versions=[5, 5], messages=[{"role": "user", "content": "q"}],
+                      response_text="a", next_state=next_state, group_id="g", task_id="t")
+
+
+def test_a_sample_carries_every_signal_the_turn_earned():
+    teacher = Generation(output_ids=[], logprobs=[], versions=[], text="", finish_reason="length",
+                         prompt_logprobs=[-0.5, -0.1], weight_version=7, prompt_top_ids=[[3, 9], [4, 8]],
+                         prompt_top_logprobs=[[-0.5, -2.0], [-0.1, -3.0]])
+    s = make_sample(record("s", 2), Verdict(-1.0, hint="Use tags.", votes=[-1, -1, 1]), teacher)
+    s.check()
+    assert (s.reward, s.teacher_logprobs, s.teacher_version, s.hint) == (-1.0, [-0.5, -0.1], 7, "Use tags.")
+    assert s.teacher_topk_ids == [[3, 9], [4, 8]] and s.votes == [-1, -1, 1]
+    assert s.tokens == [1, 2, 3, 4] and s.prompt_len == 2 and (s.group_id, s.task_id) == ("g", "t")
+    only_reward = make_sample(record("s", 3), Verdict(1.0), None)
+    assert only_reward.teacher_logprobs is None and only_reward.reward == 1.0 and only_reward.group_id == "g"
+
+
+def test_env_backend_gives_the_outcome_to_every_turn_of_the_session():
+    judge = EnvJudge(JudgeConfig(backend="env", env_reward="all_turns"))
+
+    async def go():
+        first = await judge.verdicts(record("e", 0, NextState(kind="user", text="next")))
+        second = await judge.verdicts(record("e", 1, NextState(kind="tool", text="ok")))
+        last = await judge.verdicts(record("e", 2, NextState(kind="outcome", reward=0.5, done=True)))
+        return first, second, last
+
+    first, second, last = asyncio.run(go())
+    assert first == second == [] and [v.score for _, v in last] == [0.5, 0.5, 0.5]
+    assert [r.turn_index for r, _ in last] == [0, 1, 2] and not judge.held
+    only_last = EnvJudge(JudgeConfig(backend="env"))
+    out = asyncio.run(only_last.verdicts(record("e", 0, NextState(kind="user", text="next"))))
+    assert [v.score for _, v in out] == [None]
+
+
+def test_env_backend_holds_a_bounded_number_of_sessions():
+    judge = EnvJudge(JudgeConfig(backend="env", env_reward="all_turns", max_held_sessions=2))
+    for i in range(4):
+        asyncio.run(judge.verdicts(record(f"s{i}", 0, NextState(kind="user", text="x"))))
+    assert list(judge.held) == ["s2", "s3"] and judge.dropped_held == 2
+
+
+@pytest.mark.parametrize("api", ["openai", "generate"])
+def test_llm_backend_asks_m_votes_of_each_kind_on_a_real_endpoint(tiny_model, tmp_path, loops, api):
+    cfg = make_config(tmp_path)
+    engine = loops(cfg, "serve")
+    engine.wait_http(f"{cfg.engine_url}/health")
+    url = cfg.engine_url
+    if api == "openai":
+        gateway = loops(cfg, "gateway")
+        gateway.wait_http(f"{cfg.gateway_url}/health")
+        url = f"{cfg.gateway_url}/v1"
+    judge = LlmJudge(JudgeConfig(backend="llm", llm_url=url, llm_api=api, votes=3, vote_max_tokens=8))
+    before = engine_metric(cfg.engine_url, "requests_total")
+
+    async def go():
+        try:
+            return await judge.verdict(record("s", 0, NextState(kind="user", text="No. Please use tags.")))
+        finally:
+            await judge.close()
+
+    verdict = asyncio.run(go())
+    assert engine_metric(cfg.engine_url, "requests_total") - before == 6  # 3 evaluation + 3 hint votes
+    # the tiny model cannot vote: every unparsable answer is an abstention, counted, and the turn gets no score
+    assert judge.counts["votes"] == 6 and judge.counts["abstentions"] + judge.counts["hints_accepted"] <= 6
+    if judge.counts["decisions"] == 0:
+        assert verdict.score is None
+    assert judge.report()["llm_endpoint_errors"] == 0
