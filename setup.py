@@ -32,7 +32,6 @@ setup(
         "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6", "langchain-openai>=0.2", "schemathesis>=3.30"],
         # Never install these on a CPU machine: TransformerEngine's meta package breaks megatron.core.
         "gpu": ["sglang[srt]", "transformer-engine[pytorch]"],
-        "cluster": ["ray[default]>=2.9"],
     },
     entry_points={"console_scripts": ["clawr1=clawr1.cli:main"]},
 )

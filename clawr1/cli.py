@@ -33,6 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("overrides", nargs="*", help="dotted overrides, e.g. run.max_steps=4 run.dir=runs/try1")
     r.add_argument("--overwrite", action="store_true", help="empty an existing run directory first")
     r.add_argument("--resume", action="store_true", help="continue the run in run.dir from its newest checkpoint")
+    r.add_argument("--dry-run", action="store_true", help="print every process, its GPUs and command; start nothing")
     e = sub.add_parser("export", help="write a trainer checkpoint as an HF safetensors directory")
     e.add_argument("checkpoint", help="RUN_DIR/checkpoints/stepNNNNNN")
     e.add_argument("out_dir")
@@ -91,7 +92,10 @@ def _run(args) -> int:
     from clawr1.tracking import WandbForwarder
 
     recipe = Path(args.recipe)
-    cfg = prepare(load_config(recipe, args.overrides), recipe, args.overwrite, args.resume)
+    cfg = prepare(load_config(recipe, args.overrides), recipe, args.overwrite, args.resume, args.dry_run)
+    if args.dry_run:
+        print(Supervisor(cfg).describe())
+        return 0
     print(f"[run] {recipe} -> {cfg.run_dir}", flush=True)
     print(f"[run] model: {resolve_model_path(cfg.model)}", flush=True)  # builds the tiny model once, here
     tracker = WandbForwarder(cfg)

@@ -148,6 +148,13 @@ class JudgeConfig:
     env_reward: str = "last_turn"  # last_turn | all_turns (every turn of the session gets the outcome)
     prm_coef: float = 0.0  # > 0: add prm_coef * (PRM majority vote) to each turn's reward (needs llm_url)
     max_held_sessions: int = 10_000  # all_turns: sessions whose turns wait for their outcome
+    # with llm_url empty, `clawr1 run` starts a PRM engine itself (on cluster.prm_gpus when given)
+    prm_model_path: str = ""  # the PRM engine's model; empty: model.path (the policy's base model)
+    prm_port: int = 0  # port of that engine (filled by `clawr1 run`)
+
+    @property
+    def needs_llm(self) -> bool:
+        return self.backend == "llm" or (self.backend == "env" and self.prm_coef > 0)
 
 
 @dataclass
@@ -222,6 +229,21 @@ class AlgoConfig:
 
 
 @dataclass
+class ClusterConfig:
+    """Which GPUs of this node each part of the run uses; launch/*.sh fills it from ACTOR_GPUS etc.
+
+    All empty: nothing is pinned (CPU, or one GPU shared). Otherwise `clawr1 run` gives every process it
+    starts its CUDA_VISIBLE_DEVICES from here, and derives trainer.data_parallel (actor GPUs /
+    trainer.tensor_parallel) and serve.num_engines (rollout GPUs / serve.sglang.tp_size). See clawr1/cluster.py.
+    """
+
+    actor_gpus: list[int] = field(default_factory=list)  # trainer ranks, one GPU each
+    rollout_gpus: list[int] = field(default_factory=list)  # policy engines (SGLang), tp_size GPUs each
+    prm_gpus: list[int] = field(default_factory=list)  # the PRM engine of the llm judge, tensor-parallel over all
+    teacher_gpus: list[int] = field(default_factory=list)  # the frozen teacher engine (judge.teacher=frozen)
+
+
+@dataclass
 class TrackingConfig:
     wandb_mode: str = "offline"  # offline | online | disabled; the key comes from WANDB_API_KEY
     project: str = "clawr1"
@@ -240,6 +262,7 @@ class Config:
     pool: PoolConfig = field(default_factory=PoolConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     # ---- derived addresses, so every loop finds every other from the same tree ----
@@ -263,6 +286,16 @@ class Config:
         if self.judge.teacher == "frozen":
             return self.judge.teacher_url or f"http://{self.serve.host}:{self.judge.teacher_port}"
         return self.engine_urls[0]
+
+    @property
+    def prm_url(self) -> str:
+        """Where the llm judge asks for votes: the configured endpoint, or the PRM engine the run starts."""
+        if self.judge.llm_url:
+            return self.judge.llm_url
+        if not self.judge.prm_port:
+            return ""
+        base = f"http://{self.serve.host}:{self.judge.prm_port}"
+        return base + "/v1" if self.judge.llm_api == "openai" else base
 
     @property
     def gateway_url(self) -> str:
@@ -400,4 +433,6 @@ def assign_free_ports(cfg: Config) -> Config:
         cfg.serve.extra_ports.append(free_port())
     if cfg.judge.teacher == "frozen" and not cfg.judge.teacher_url and not cfg.judge.teacher_port:
         cfg.judge.teacher_port = free_port()
+    if cfg.judge.needs_llm and not cfg.judge.llm_url and not cfg.judge.prm_port:
+        cfg.judge.prm_port = free_port()
     return cfg

@@ -47,7 +47,8 @@ class TurnRecord(msgspec.Struct, tag=True, kw_only=True):
     next_state: Optional[NextState] = None
     group_id: str = ""  # turns sharing a prompt or task, for GRPO baselines (X-Group-Id)
     task_id: str = ""  # the task this turn belongs to, for per-task baselines (X-Task-Id)
-    created_at: float = 0.0
+    created_at: float = 0.0  # when the engine finished the turn (unix time)
+    sent_at: float = 0.0  # when its next state arrived and the gateway queued it for the judge
 
 
 class Sample(msgspec.Struct, tag=True, kw_only=True):

@@ -4,7 +4,7 @@ Curves (x: trainer step / weight version): mean reward, personalization score
 (held-out evaluation), KL (to the reference if kept, else from the sampling policy to
 the trained one: the off-policy gap),
 entropy, hint rate, staleness. Table: per run, the objective, the score before
-and after training, and the wall time.
+and after training, and the wall time; and the personalization score of every run at every evaluated version.
 """
 from __future__ import annotations
 
@@ -39,9 +39,10 @@ def _objective(run_dir: Path) -> str:
     path = run_dir / "config.yaml"
     if not path.exists():
         return "?"
-    algo = (yaml.safe_load(path.read_text()) or {}).get("algo", {})
+    cfg = yaml.safe_load(path.read_text()) or {}
+    algo, lr = cfg.get("algo", {}), cfg.get("trainer", {}).get("lr")
     parts = [f"{k}={algo.get(k)}" for k in ("w_rl", "w_opd", "w_topk") if algo.get(k)]
-    return ", ".join(parts) or "no objective"
+    return ", ".join(parts + ([f"lr={lr:g}"] if lr else [])) or "no objective"
 
 
 def load_run(run_dir: Path) -> RunCurves:
@@ -76,6 +77,19 @@ def markdown_table(runs: list[RunCurves]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def score_table(runs: list[RunCurves]) -> str:
+    """Personalization score of each run at each evaluated weight version (version 0: the untrained policy)."""
+    versions = sorted({v for r in runs for v, _ in r.series["personalization_score"]})
+    if not versions:
+        return ""
+    lines = ["| run | " + " | ".join(f"v{v}" + (" (base)" if v == 0 else "") for v in versions) + " |",
+             "|---|" + "---|" * len(versions)]
+    for r in runs:
+        by_version = dict(r.series["personalization_score"])
+        lines.append(f"| {r.name} | " + " | ".join(f"{by_version[v]:.3f}" if v in by_version else "" for v in versions) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def plot(runs: list[RunCurves], out_png: Path) -> None:
     import matplotlib
 
@@ -102,5 +116,5 @@ def report(run_dirs: list[Path], out_prefix: Path) -> tuple[Path, Path]:
     png, md = out_prefix.with_suffix(".png"), out_prefix.with_suffix(".md")
     png.parent.mkdir(parents=True, exist_ok=True)
     plot(runs, png)
-    md.write_text(markdown_table(runs) + f"\n![curves]({png.name})\n")
+    md.write_text(markdown_table(runs) + "\n" + score_table(runs) + f"\n![curves]({png.name})\n")
     return png, md

@@ -22,6 +22,7 @@ from typing import Callable, Optional
 
 import httpx
 
+from clawr1.cluster import apply_partition, starts_prm_engine, starts_teacher_engine, visible_devices
 from clawr1.config import Config, assign_free_ports, save_config
 from clawr1.runtime import ready_file
 
@@ -82,35 +83,52 @@ class Supervisor:
         """Loops in start waves: each wave starts once the previous one is ready."""
         cfg = self.cfg
         wave1 = [
-            Loop("pool", "pool", {}, _file_exists(ready_file(cfg, "pool"))),
+            Loop("pool", "pool", _gpu_env(cfg, "none"), _file_exists(ready_file(cfg, "pool"))),
             *self._engines(),
-            Loop("judge", "judge", {}, _file_exists(ready_file(cfg, "judge"))),
-            Loop("gateway", "gateway", {}, _http_ok(f"{cfg.gateway_url}/health")),
+            Loop("judge", "judge", _gpu_env(cfg, "none"), _file_exists(ready_file(cfg, "judge"))),
+            Loop("gateway", "gateway", _gpu_env(cfg, "none"), _http_ok(f"{cfg.gateway_url}/health")),
         ]
         world = cfg.trainer.tensor_parallel * cfg.trainer.data_parallel
         master_port = str(_free_port())
         trainers = [
             Loop("trainer" if world == 1 else f"trainer-{r}", "train",
                  {"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1",
-                  "MASTER_PORT": master_port},
+                  "MASTER_PORT": master_port, **_gpu_env(cfg, "trainer")},
                  _file_exists(ready_file(cfg, "trainer")) if r == 0 else (lambda: True))
             for r in range(world)
         ]
-        wave2 = trainers + [Loop("rollout", "rollout", {}, _file_exists(ready_file(cfg, "rollout")))]
+        wave2 = trainers + [Loop("rollout", "rollout", _gpu_env(cfg, "none"), _file_exists(ready_file(cfg, "rollout")))]
         return [wave1, wave2]
 
     def _engines(self) -> list[Loop]:
+        """The policy engines (unless they run elsewhere), and the PRM and frozen-teacher engines the judge needs."""
         cfg = self.cfg
-        if cfg.gateway.engine_urls:  # engines run elsewhere: not ours to start
-            return []
-        ports = [cfg.serve.port, *cfg.serve.extra_ports]
-        loops = [Loop("serve" if i == 0 else f"serve-{i}", "serve", {}, _http_ok(f"http://{cfg.serve.host}:{p}/health"),
-                      args=(f"serve.port={p}",)) for i, p in enumerate(ports)]
-        if cfg.judge.teacher == "frozen" and not cfg.judge.teacher_url:  # the base weights, never updated
+        host = cfg.serve.host
+        loops = []
+        if not cfg.gateway.engine_urls:
+            ports = [cfg.serve.port, *cfg.serve.extra_ports]
+            loops = [Loop("serve" if i == 0 else f"serve-{i}", "serve", _gpu_env(cfg, "engine", i),
+                          _http_ok(f"http://{host}:{p}/health"), args=(f"serve.port={p}",)) for i, p in enumerate(ports)]
+        if starts_teacher_engine(cfg):  # the base weights, never updated
             port = cfg.judge.teacher_port
-            loops.append(Loop("teacher", "serve", {}, _http_ok(f"http://{cfg.serve.host}:{port}/health"),
-                              args=(f"serve.port={port}",)))
+            loops.append(Loop("teacher", "serve", _gpu_env(cfg, "teacher"), _http_ok(f"http://{host}:{port}/health"),
+                              args=(f"serve.port={port}", *_engine_tp(cfg.cluster.teacher_gpus))))
+        if starts_prm_engine(cfg):
+            port = cfg.judge.prm_port
+            loops.append(Loop("prm", "serve", _gpu_env(cfg, "prm"), _http_ok(f"http://{host}:{port}/health"),
+                              args=(f"serve.port={port}", f"model.path={cfg.judge.prm_model_path or cfg.model.path}",
+                                    *_engine_tp(cfg.cluster.prm_gpus))))
         return loops
+
+    def describe(self) -> str:
+        """What `clawr1 run --dry-run` prints: every process, its GPUs and its command."""
+        lines = [f"run directory: {self.cfg.run_dir}"]
+        for wave, loops in enumerate(self.plan(), 1):
+            for loop in loops:
+                gpus = loop.env.get("CUDA_VISIBLE_DEVICES", "-") or "none"
+                cmd = " ".join(["clawr1", loop.command, "--config", str(self.config_path), *loop.args])
+                lines.append(f"wave {wave}  {loop.name:<10} gpus={gpus:<8} {cmd}")
+        return "\n".join(lines)
 
     # ------------------------------------------------------------ run
     def run(self) -> int:
@@ -216,6 +234,16 @@ class Supervisor:
                 loop.proc.wait()
 
 
+def _gpu_env(cfg: Config, role: str, index: int = 0) -> dict[str, str]:
+    devices = visible_devices(cfg, role, index)
+    return {} if devices is None else {"CUDA_VISIBLE_DEVICES": devices}
+
+
+def _engine_tp(gpus: list[int]) -> tuple[str, ...]:
+    """A side engine (PRM, teacher) is tensor-parallel over all its GPUs."""
+    return (f"serve.sglang.tp_size={len(gpus)}",) if gpus else ()
+
+
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
     try:
         os.killpg(proc.pid, sig)
@@ -256,14 +284,18 @@ class ProgressPrinter:
                 self.echo(f"[eval]  version {r['eval_version']} | personalization score {r['personalization_score']:.3f}")
 
 
-def prepare(cfg: Config, recipe: Path, overwrite: bool, resume: bool = False) -> Config:
-    """Pick the run directory and free ports; refuse to mix two runs in one directory."""
+def prepare(cfg: Config, recipe: Path, overwrite: bool, resume: bool = False, dry_run: bool = False) -> Config:
+    """Check the GPU partition, pick the run directory and free ports; refuse to mix two runs in one directory.
+    A dry run touches no directory."""
     import shutil
 
+    apply_partition(cfg)
     if not cfg.run.dir:
         if resume:
             raise SystemExit("--resume needs the run directory: add run.dir=RUN_DIR")
         cfg.run.dir = str(Path("runs") / f"{recipe.parent.name}-{recipe.stem}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if dry_run:
+        return assign_free_ports(cfg)
     run_dir = cfg.run_dir
     if resume:
         if not (run_dir / "pool").is_dir():

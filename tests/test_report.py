@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clawr1.report import load_run, markdown_table, report
+from clawr1.report import load_run, markdown_table, report, score_table
 from tests.conftest import REPO
 
 
@@ -17,7 +17,8 @@ def fake_run(root: Path, name: str, w_rl: float, w_opd: float, scores: list[floa
     """A run directory as the loops leave it: config.yaml and metrics.jsonl."""
     run = root / name
     run.mkdir()
-    (run / "config.yaml").write_text(yaml.safe_dump({"algo": {"w_rl": w_rl, "w_opd": w_opd, "w_topk": 0.0}}))
+    (run / "config.yaml").write_text(yaml.safe_dump({"algo": {"w_rl": w_rl, "w_opd": w_opd, "w_topk": 0.0},
+                                                          "trainer": {"lr": 2e-4}}))
     rows = []
     for step in range(1, 5):
         rows.append({"loop": "trainer", "time": 100.0 + 30 * step, "step": step, "pg_loss": 0.1, "reward_mean": -1 + 0.5 * step,
@@ -36,8 +37,10 @@ def test_table_holds_scores_before_and_after(tmp_path):
             load_run(fake_run(tmp_path, "opd", 0.0, 1.0, [0.0, 0.75, 0.625]))]
     assert runs[0].series["kl"] == [(1, 0.01), (2, 0.02), (3, 0.03), (4, 0.04)]
     lines = markdown_table(runs).splitlines()
-    assert lines[2] == "| binary_rl | w_rl=1.0 | 4 | 0.000 | 0.500 | 0.500 | 1.000 | 2.0 min |"
-    assert lines[3] == "| opd | w_opd=1.0 | 4 | 0.000 | 0.625 | 0.750 | 1.000 | 2.0 min |"
+    assert lines[2] == "| binary_rl | w_rl=1.0, lr=0.0002 | 4 | 0.000 | 0.500 | 0.500 | 1.000 | 2.0 min |"
+    assert lines[3] == "| opd | w_opd=1.0, lr=0.0002 | 4 | 0.000 | 0.625 | 0.750 | 1.000 | 2.0 min |"
+    assert score_table(runs).splitlines() == ["| run | v0 (base) | v2 | v4 |", "|---|---|---|---|",
+                                              "| binary_rl | 0.000 | 0.250 | 0.500 |", "| opd | 0.000 | 0.750 | 0.625 |"]
 
 
 def test_report_writes_png_and_markdown_from_the_command_line(tmp_path):
@@ -47,7 +50,7 @@ def test_report_writes_png_and_markdown_from_the_command_line(tmp_path):
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "cmp.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = (tmp_path / "cmp.md").read_text()
-    assert "| a | w_rl=1.0, w_opd=1.0 | 4 | 0.000 | 0.900 |" in md and "![curves](cmp.png)" in md
+    assert "| a | w_rl=1.0, w_opd=1.0, lr=0.0002 | 4 | 0.000 | 0.900 |" in md and "![curves](cmp.png)" in md
 
 
 def test_a_directory_without_metrics_is_a_clear_error(tmp_path):

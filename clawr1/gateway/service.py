@@ -134,6 +134,7 @@ class Gateway:
         """Send pending turns, each with what followed it, to the judge; a turn is sent exactly once."""
         for record, next_state in outcomes:
             record.next_state = next_state
+            record.sent_at = time.time()
             try:
                 self.judge_queue.put_nowait(record)
             except asyncio.QueueFull:

@@ -19,9 +19,11 @@ from clawr1.protocol import TurnRecord
 
 
 class LlmJudge:
-    def __init__(self, cfg: JudgeConfig):
-        if not cfg.llm_url:
-            raise ValueError("judge.backend=llm (or env with prm_coef) needs judge.llm_url")
+    def __init__(self, cfg: JudgeConfig, url: str = ""):
+        self.url = (url or cfg.llm_url).rstrip("/")
+        if not self.url:
+            raise ValueError("judge.backend=llm (or env with prm_coef) needs judge.llm_url, or `clawr1 run` to start "
+                             "a PRM engine")
         if cfg.llm_api not in ("openai", "generate"):
             raise ValueError(f"judge.llm_api must be openai or generate, got {cfg.llm_api!r}")
         self.cfg = cfg
@@ -45,12 +47,12 @@ class LlmJudge:
                 body = {"model": c.llm_model, "messages": [{"role": "system", "content": system},
                                                            {"role": "user", "content": user}],
                         "temperature": c.vote_temperature, "max_tokens": c.vote_max_tokens}
-                async with self.http.post(c.llm_url.rstrip("/") + "/chat/completions", json=body) as r:
+                async with self.http.post(self.url + "/chat/completions", json=body) as r:
                     data = orjson.loads(await r.read())
                     return data["choices"][0]["message"]["content"] or "" if r.status == 200 else ""
             text = (f"{IM_START}system\n{system}{IM_END}\n{IM_START}user\n{user}{IM_END}\n{IM_START}assistant\n")
             body = {"text": text, "sampling_params": {"temperature": c.vote_temperature, "max_new_tokens": c.vote_max_tokens}}
-            async with self.http.post(c.llm_url.rstrip("/") + "/generate", json=body) as r:
+            async with self.http.post(self.url + "/generate", json=body) as r:
                 return orjson.loads(await r.read()).get("text", "") if r.status == 200 else ""
         except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, IndexError, orjson.JSONDecodeError):
             self.counts["endpoint_errors"] += 1

@@ -53,8 +53,8 @@ class Judge:
         backend = cfg.judge.backend
         if backend not in ("rules", "llm", "env"):
             raise ValueError(f"judge.backend must be rules, llm or env, got {backend!r}")
-        self.llm = LlmJudge(cfg.judge) if backend == "llm" else None
-        self.env = EnvJudge(cfg.judge) if backend == "env" else None
+        self.llm = LlmJudge(cfg.judge, cfg.prm_url) if backend == "llm" else None
+        self.env = EnvJudge(cfg.judge, cfg.prm_url) if backend == "env" else None
         self.renderer = ChatRenderer(tokenizer)
         self.teacher: Optional[Teacher] = None
         if cfg.judge.teacher not in ("policy", "frozen", "none"):
@@ -67,6 +67,7 @@ class Judge:
         self.counts: Counter = Counter()
         self.latency_sum = 0.0
         self.latency_n = 0
+        self.waits: list[float] = []  # queueing delay (gateway queue + socket) of records since the last report
         self.version = 0
         self.inflight = 0
 
@@ -76,7 +77,7 @@ class Judge:
         if self.env is not None:
             return await self.env.verdicts(record)
         if self.llm is not None:
-            return [(record, await self.llm.verdict(record))]
+            return [(record, await self.llm.verdict(record, with_hints=self.teacher is not None))]
         return [(record, judge_rules(record, self.patterns, self.cfg.judge.max_hint_chars))]
 
     async def handle(self, record: TurnRecord) -> None:
@@ -120,10 +121,20 @@ class Judge:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
+    def received(self, record: TurnRecord) -> None:
+        self.counts["received"] += 1
+        self.inflight += 1
+        if record.sent_at:
+            self.waits.append(max(0.0, time.time() - record.sent_at))
+
     def report(self) -> dict:
+        """Counters since the start; queue_wait_* over the records received since the previous report."""
+        waits, self.waits = self.waits, []
         out = {
             **dict(self.counts), "inflight": self.inflight,
             "backlog": self.counts["received"] - self.latency_n,  # taken off the socket, not yet finished
+            "queue_wait_s_mean": sum(waits) / len(waits) if waits else 0.0,
+            "queue_wait_s_max": max(waits, default=0.0),
             "hint_rate": self.counts["with_hint"] / max(self.counts["judged"], 1),
             "mean_latency_s": self.latency_sum / max(self.latency_n, 1),
         }
@@ -177,8 +188,7 @@ async def serve(cfg: Config, judge: Judge, stop: asyncio.Event, on_ready=None) -
             judge.counts["bad_records"] += 1
             log.error("dropped a message that is not a TurnRecord: %s", e)
             continue
-        judge.counts["received"] += 1
-        judge.inflight += 1
+        judge.received(record)
         task = asyncio.create_task(run_one(record))
         tasks.add(task)
         task.add_done_callback(tasks.discard)

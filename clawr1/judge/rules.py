@@ -5,7 +5,8 @@
 - a user reply that corrects ("No. Please put the answer in <ans> tags.") -> -1,
   the directive sentences as the hint;
 - a user reply that re-asks the same question -> -1, no hint;
-- a tool reply with an error -> -1, the error as the hint;
+- a tool reply with an error or failing tests -> -1, the error as the hint;
+- a tool reply whose tests all pass ("5 passed in 0.3s", "All tests passed") -> +1;
 - a user reply that moves on -> +1.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Optional
 from clawr1.protocol import TurnRecord
 
 TOOL_ERROR = re.compile(r"\b(error|exception|traceback|failed|not found|no such file|invalid)\b", re.I)
+TESTS_PASSED = re.compile(r"\b(\d+ (tests? )?passed|all tests passed)\b", re.I)
 _SENTENCE = re.compile(r"[^.!?\n]+[.!?]?")
 
 
@@ -67,6 +69,8 @@ def judge_rules(record: TurnRecord, patterns: RulePatterns, max_hint_chars: int 
     if ns.kind == "tool":
         if TOOL_ERROR.search(ns.text):
             return Verdict(-1.0, hint=ns.text[:max_hint_chars], reason="tool error")
+        if TESTS_PASSED.search(ns.text):
+            return Verdict(1.0, reason="tests passed")
         return Verdict(None, reason="tool output without a verdict")
     directive = directive_sentences(ns.text, patterns.directives)
     if directive:

@@ -111,6 +111,7 @@ class Rollout:
     def report(self) -> None:
         data = {f"{k}_mean": sum(v) / len(v) for k, v in self.window.items() if v}
         data.update(episodes=self.episodes, version=self.version, pool_backlog=self.pool_backlog)
+        data.update(getattr(self.env, "report", dict)())  # an environment's own counters, if it keeps any
         self.metrics.log(data, step=self.version)
         self.window.clear()
 

@@ -5,6 +5,7 @@ its profile it either corrects the agent with a directive ("No. Please put the
 answer in <ans> tags.") or, some of the time, just re-asks. When the answer
 fits, it thanks the agent and moves on to the next question. The last turn of
 a session gets an explicit outcome through the gateway's complete endpoint.
+With `user_llm_url` set, a language model words those messages (llm_user.py).
 
 The personalization score is the fraction of held-out first responses (new
 sessions, questions never trained on) that satisfy every preference of the
@@ -17,6 +18,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol
 
+from envs.personal.llm_user import LlmUser
 from envs.personal.phrases import MOVE_ON, REASK, STILL_WRONG, SYSTEM_PROMPT
 from envs.personal.preferences import KINDS, OPTIONS, Style, directive_text, violations
 from envs.personal.questions import heldout_questions, train_question
@@ -37,6 +39,10 @@ class PersonalEnvConfig:
     questions_per_session: int = 2
     max_corrections: int = 1
     implicit_rate: float = 0.2  # share of violations answered by re-asking instead of a directive
+    # optional: word the user's messages with a language model (OpenAI-compatible endpoint, e.g. http://host:8000/v1)
+    user_llm_url: str = ""
+    user_llm_model: str = "default"
+    user_llm_api_key_env: str = ""  # name of the environment variable holding the endpoint's key, if any
 
     def __post_init__(self) -> None:
         unknown = [k for k in self.kinds if k not in KINDS]
@@ -55,6 +61,8 @@ class PersonalEnv:
         self.cfg = PersonalEnvConfig(**args)
         self.profile = make_profile(self.cfg.profile_seed, self.cfg.kinds)
         self.seed = seed
+        c = self.cfg
+        self.user_llm = LlmUser(c.user_llm_url, c.user_llm_model, c.user_llm_api_key_env) if c.user_llm_url else None
 
     def describe(self) -> dict[str, Any]:
         return {"profile": self.profile}
@@ -80,18 +88,29 @@ class PersonalEnv:
                 tries += 1
                 if rng.random() < self.cfg.implicit_rate:
                     reasks += 1
-                    next_user = rng.choice(REASK).format(q=question.text)
+                    next_user = await self._say("reask", rng.choice(REASK).format(q=question.text), answer)
                 else:
                     corrections += 1
-                    next_user = "No. " + directive_text(wrong)
+                    next_user = await self._say("correct", "No. " + directive_text(wrong), answer, wrong)
             if q_index + 1 < self.cfg.questions_per_session:
                 question = train_question(rng)
                 prefix = "" if satisfied else STILL_WRONG.format(directive=directive_text(wrong)) + " "
-                next_user = prefix + rng.choice(MOVE_ON).format(q=question.text)
+                next_user = await self._say("move_on", prefix + rng.choice(MOVE_ON).format(q=question.text), answer)
         await client.complete(session_id, reward=1.0 if satisfied else -1.0,
                               text="" if satisfied else directive_text(violations(answer, self.profile)))
         n = self.cfg.questions_per_session
         return {"first_try_ok": first_ok / n, "corrections": corrections, "reasks": reasks}
+
+    async def _say(self, situation: str, scripted: str, answer: str, wrong: Style | None = None) -> str:
+        if self.user_llm is None:
+            return scripted
+        likes = directive_text(self.profile)[len("Please "):-1]
+        wanted = directive_text(wrong)[len("Please "):-1] if wrong else ""
+        return await self.user_llm.say(situation, scripted, likes=likes, answer=answer, wrong=wanted)
+
+    def report(self) -> dict[str, float]:
+        """Counters for the rollout's metrics."""
+        return dict(self.user_llm.counts) if self.user_llm else {}
 
     async def evaluate(self, client: ChatClient, n: int, session_prefix: str, concurrency: int = 16) -> dict[str, float]:
         """Personalization score on held-out first responses (side turns: they never train)."""

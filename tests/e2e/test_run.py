@@ -75,6 +75,9 @@ def test_combined_recipe_end_to_end(tiny_model, tmp_path):
         assert r["samples"] == 16 and r["tokens_per_s"] > 0
     assert sorted(p.name for p in (run_dir / "logs").iterdir()) == \
         ["gateway.log", "judge.log", "pool.log", "rollout.log", "serve.log", "trainer.log"]
+    evals = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "personalization_score" in line]
+    assert [r["eval_version"] for r in evals] == [0, 3]  # before training, then at the final version
+    assert all(0.0 <= r["personalization_score"] <= r["pref_format"] <= 1.0 for r in evals)
     assert list((run_dir / "wandb").glob("offline-run-*"))
     assert sorted(p.name for p in (run_dir / "weights").iterdir()) == ["v000002", "v000003"]
     assert seen and not [p for p in seen if pid_alive(p)]

@@ -70,3 +70,41 @@ def test_user_corrects_with_a_directive_then_moves_on():
     assert correction.startswith("No. Please ")
     assert agent.seen[2][-1]["content"].split(":")[0] in ("Thanks! Next question", "Got it. Now") or "Great" in agent.seen[2][-1]["content"]
     assert agent.completed == (1.0, "") and result["first_try_ok"] == 0.5 and result["corrections"] == 1
+
+
+def test_a_language_model_can_word_the_users_messages(tiny_model, tmp_path, loops):
+    """The user's corrections and follow-ups come from an OpenAI-compatible endpoint (here our own gateway in
+    front of the tiny model); what counts as a violation stays rule-based."""
+    from tests.conftest import engine_metric, make_config
+
+    cfg = make_config(tmp_path)
+    loops(cfg, "serve").wait_http(f"{cfg.engine_url}/health")
+    loops(cfg, "gateway").wait_http(f"{cfg.gateway_url}/health")
+    env = PersonalEnv({"kinds": ["format"], "questions_per_session": 2, "implicit_rate": 0.0,
+                       "user_llm_url": f"{cfg.gateway_url}/v1"})
+    agent = ScriptedAgent(["nonsense"] * 4)  # per question: a wrong answer, a correction, a wrong answer again
+    before = engine_metric(cfg.engine_url, "requests_total")
+
+    async def go():
+        try:
+            return await env.episode(agent, "s", random.Random(3))
+        finally:
+            await env.user_llm.close()
+
+    result = asyncio.run(go())
+    counts = env.report()
+    assert engine_metric(cfg.engine_url, "requests_total") - before == 3  # correction, move-on, correction
+    assert counts.get("user_llm_messages", 0) + counts.get("user_llm_empty", 0) == 3 and not counts.get("user_llm_errors")
+    assert result["corrections"] == 2 and result["first_try_ok"] == 0.0 and agent.completed[0] == -1.0
+    if counts.get("user_llm_messages") == 3:  # the model's words, not the script's
+        assert not agent.seen[1][-1]["content"].startswith("No. Please ")
+
+
+def test_an_unreachable_user_model_falls_back_to_the_script():
+    from clawr1.config import free_port
+
+    env = PersonalEnv({"kinds": ["format"], "questions_per_session": 1, "implicit_rate": 0.0,
+                       "user_llm_url": f"http://127.0.0.1:{free_port()}/v1"})
+    agent = ScriptedAgent(["nonsense", "nonsense"])
+    asyncio.run(env.episode(agent, "s", random.Random(0)))
+    assert agent.seen[1][-1]["content"].startswith("No. Please ") and env.report() == {"user_llm_errors": 1}

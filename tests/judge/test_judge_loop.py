@@ -84,3 +84,23 @@ def test_llm_backend_asks_m_votes_of_each_kind_on_a_real_endpoint(tiny_model, tm
     if judge.counts["decisions"] == 0:
         assert verdict.score is None
     assert judge.report()["llm_endpoint_errors"] == 0
+
+
+def test_report_shows_how_long_turns_waited_for_the_judge(tiny_model, tmp_path):
+    import time
+
+    from transformers import AutoTokenizer
+
+    from clawr1.judge.main import Judge
+
+    judge = Judge(make_config(tmp_path), AutoTokenizer.from_pretrained(tiny_model))
+    now = time.time()
+    for i, waited in enumerate((2.0, 0.5)):
+        r = record("w", i)
+        r.sent_at = now - waited
+        judge.received(r)
+    first = judge.report()
+    assert 1.25 <= first["queue_wait_s_mean"] < 1.5 and 2.0 <= first["queue_wait_s_max"] < 2.5
+    assert first["backlog"] == 2 and first["inflight"] == 2
+    assert judge.report()["queue_wait_s_max"] == 0.0  # waits are per report window; counters are not
+    assert judge.report()["received"] == 2

@@ -48,3 +48,11 @@ def test_directive_sentences_skip_short_ones():
 def test_complaint_without_directive_is_negative_without_hint():
     v = judge_rules(record(NextState(kind="user", text="That is wrong.")), PATTERNS)
     assert v.score == -1.0 and v.hint == ""
+
+
+def test_test_verdicts_from_tool_output():
+    passed = judge_rules(record(NextState(kind="tool", text="===== 5 passed in 0.31s =====")), PATTERNS)
+    assert (passed.score, passed.hint) == (1.0, "")
+    failed = judge_rules(record(NextState(kind="tool", text="===== 1 failed, 4 passed in 0.40s =====")), PATTERNS)
+    assert failed.score == -1.0 and failed.hint.startswith("===== 1 failed")
+    assert judge_rules(record(NextState(kind="tool", text="All tests passed")), PATTERNS).score == 1.0

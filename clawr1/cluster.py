@@ -1,0 +1,100 @@
+"""GPU partition of one node: which processes of a run see which GPUs.
+
+`launch/*.sh` turns NUM_GPUS, ACTOR_GPUS, ROLLOUT_GPUS and PRM_GPUS into the
+`cluster` section (consecutive device indices: actor first, then rollout, then
+PRM). `apply_partition` checks that it adds up and derives the process counts
+from it; `visible_devices` says what CUDA_VISIBLE_DEVICES each process gets.
+With the section empty (CPU) nothing is pinned and nothing is derived.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from clawr1.config import Config, ConfigError
+
+
+def is_partitioned(cfg: Config) -> bool:
+    c = cfg.cluster
+    return bool(c.actor_gpus or c.rollout_gpus or c.prm_gpus or c.teacher_gpus)
+
+
+def starts_prm_engine(cfg: Config) -> bool:
+    return cfg.judge.needs_llm and not cfg.judge.llm_url
+
+
+def starts_teacher_engine(cfg: Config) -> bool:
+    return cfg.judge.teacher == "frozen" and not cfg.judge.teacher_url
+
+
+def _check_disjoint(groups: dict[str, list[int]]) -> None:
+    owner: dict[int, str] = {}
+    for name, gpus in groups.items():
+        for g in gpus:
+            if g < 0:
+                raise ConfigError(f"cluster.{name}: GPU index {g} is negative")
+            if g in owner:
+                raise ConfigError(f"GPU {g} is in both cluster.{owner[g]} and cluster.{name}")
+            owner[g] = name
+
+
+def apply_partition(cfg: Config) -> Config:
+    """Validate the cluster section against the recipe and derive data_parallel and num_engines from it."""
+    if starts_prm_engine(cfg) and cfg.serve.backend == "embedded" and cfg.judge.llm_api == "openai":
+        raise ConfigError("the PRM engine `clawr1 run` starts is the embedded engine, which serves /generate only: "
+                          "set judge.llm_api=generate, or judge.llm_url to an OpenAI-compatible endpoint")
+    if not is_partitioned(cfg):
+        return cfg
+    c = cfg.cluster
+    _check_disjoint({"actor_gpus": c.actor_gpus, "rollout_gpus": c.rollout_gpus, "prm_gpus": c.prm_gpus,
+                     "teacher_gpus": c.teacher_gpus})
+    tp = cfg.trainer.tensor_parallel
+    if not c.actor_gpus or len(c.actor_gpus) % tp:
+        raise ConfigError(f"cluster.actor_gpus has {len(c.actor_gpus)} GPUs; the trainer needs a positive multiple "
+                          f"of trainer.tensor_parallel={tp}")
+    cfg.trainer.data_parallel = len(c.actor_gpus) // tp
+    if cfg.gateway.engine_urls:
+        if c.rollout_gpus:
+            raise ConfigError("cluster.rollout_gpus is set but gateway.engine_urls points at engines run elsewhere")
+    else:
+        engine_tp = cfg.serve.sglang.tp_size
+        if not c.rollout_gpus or len(c.rollout_gpus) % engine_tp:
+            raise ConfigError(f"cluster.rollout_gpus has {len(c.rollout_gpus)} GPUs; the policy engines need a "
+                              f"positive multiple of serve.sglang.tp_size={engine_tp}")
+        cfg.serve.num_engines = len(c.rollout_gpus) // engine_tp
+    for needed, gpus, what in ((starts_prm_engine(cfg), c.prm_gpus, "prm_gpus"),
+                               (starts_teacher_engine(cfg), c.teacher_gpus, "teacher_gpus")):
+        if needed and not gpus:
+            raise ConfigError(f"this recipe starts a {what[:-5].upper()} engine; give it GPUs in cluster.{what} "
+                              f"(or point the judge at an engine run elsewhere)")
+        if gpus and not needed:
+            raise ConfigError(f"cluster.{what} is set but this recipe starts no {what[:-5].upper()} engine "
+                              f"(judge.backend={cfg.judge.backend}, judge.teacher={cfg.judge.teacher})")
+    return cfg
+
+
+def _devices(gpus: list[int]) -> str:
+    return ",".join(str(g) for g in gpus)
+
+
+def visible_devices(cfg: Config, role: str, index: int = 0) -> Optional[str]:
+    """CUDA_VISIBLE_DEVICES for one process: role is trainer | engine | prm | teacher | none (a CPU-only loop,
+    which then sees no GPU); None: leave the variable alone (no partition).
+
+    Every trainer rank sees all actor GPUs and picks its own by LOCAL_RANK (NCCL
+    wants peers visible); engine `index` sees its tp_size GPUs.
+    """
+    if not is_partitioned(cfg):
+        return None
+    c = cfg.cluster
+    if role == "trainer":
+        return _devices(c.actor_gpus)
+    if role == "engine":
+        tp = cfg.serve.sglang.tp_size
+        return _devices(c.rollout_gpus[index * tp:(index + 1) * tp])
+    if role == "prm":
+        return _devices(c.prm_gpus)
+    if role == "teacher":
+        return _devices(c.teacher_gpus)
+    if role == "none":
+        return ""
+    raise ValueError(f"unknown role {role!r}")
