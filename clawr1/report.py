@@ -41,7 +41,9 @@ def _objective(run_dir: Path) -> str:
         return "?"
     cfg = yaml.safe_load(path.read_text()) or {}
     algo, lr = cfg.get("algo", {}), cfg.get("trainer", {}).get("lr")
-    parts = [f"{k}={algo.get(k)}" for k in ("w_rl", "w_opd", "w_topk") if algo.get(k)]
+    parts = [f"{k}={algo.get(k)}" for k in ("w_rl", "w_opd", "w_topk", "kl_coef") if algo.get(k)]
+    if cfg.get("judge", {}).get("teacher") == "frozen":
+        parts.append("frozen teacher")
     return ", ".join(parts + ([f"lr={lr:g}"] if lr else [])) or "no objective"
 
 
@@ -107,7 +109,7 @@ def plot(runs: list[RunCurves], out_png: Path) -> None:
         ax.grid(alpha=0.3)
     axes.flat[1].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out_png, dpi=110)
+    fig.savefig(out_png, dpi=80)
     plt.close(fig)
 
 

@@ -48,12 +48,17 @@ class LlmJudge:
                                                            {"role": "user", "content": user}],
                         "temperature": c.vote_temperature, "max_tokens": c.vote_max_tokens}
                 async with self.http.post(self.url + "/chat/completions", json=body) as r:
-                    data = orjson.loads(await r.read())
-                    return data["choices"][0]["message"]["content"] or "" if r.status == 200 else ""
+                    if r.status != 200:
+                        self.counts["endpoint_errors"] += 1
+                        return ""
+                    return orjson.loads(await r.read())["choices"][0]["message"]["content"] or ""
             text = (f"{IM_START}system\n{system}{IM_END}\n{IM_START}user\n{user}{IM_END}\n{IM_START}assistant\n")
             body = {"text": text, "sampling_params": {"temperature": c.vote_temperature, "max_new_tokens": c.vote_max_tokens}}
             async with self.http.post(self.url + "/generate", json=body) as r:
-                return orjson.loads(await r.read()).get("text", "") if r.status == 200 else ""
+                if r.status != 200:
+                    self.counts["endpoint_errors"] += 1
+                    return ""
+                return orjson.loads(await r.read()).get("text", "")
         except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, IndexError, orjson.JSONDecodeError):
             self.counts["endpoint_errors"] += 1
             return ""

@@ -104,3 +104,19 @@ def test_report_shows_how_long_turns_waited_for_the_judge(tiny_model, tmp_path):
     assert first["backlog"] == 2 and first["inflight"] == 2
     assert judge.report()["queue_wait_s_max"] == 0.0  # waits are per report window; counters are not
     assert judge.report()["received"] == 2
+
+
+def test_an_unreachable_prm_endpoint_gives_abstentions_not_a_crash():
+    from clawr1.config import free_port
+
+    judge = LlmJudge(JudgeConfig(backend="llm", llm_url=f"http://127.0.0.1:{free_port()}/v1", votes=3))
+
+    async def go():
+        try:
+            return await judge.verdict(record("s", 0, NextState(kind="user", text="No. Please use tags.")))
+        finally:
+            await judge.close()
+
+    verdict = asyncio.run(go())
+    assert verdict.score is None and verdict.hint == ""
+    assert judge.report()["llm_endpoint_errors"] == 6 and judge.report()["abstention_rate"] == 1.0
