@@ -18,14 +18,6 @@ def is_partitioned(cfg: Config) -> bool:
     return bool(c.actor_gpus or c.rollout_gpus or c.prm_gpus or c.teacher_gpus)
 
 
-def starts_prm_engine(cfg: Config) -> bool:
-    return cfg.judge.needs_llm and not cfg.judge.llm_url
-
-
-def starts_teacher_engine(cfg: Config) -> bool:
-    return cfg.judge.teacher == "frozen" and not cfg.judge.teacher_url
-
-
 def _check_disjoint(groups: dict[str, list[int]]) -> None:
     owner: dict[int, str] = {}
     for name, gpus in groups.items():
@@ -39,7 +31,7 @@ def _check_disjoint(groups: dict[str, list[int]]) -> None:
 
 def apply_partition(cfg: Config) -> Config:
     """Validate the cluster section against the recipe and derive data_parallel and num_engines from it."""
-    if starts_prm_engine(cfg) and cfg.serve.backend == "embedded" and cfg.judge.llm_api == "openai":
+    if cfg.judge.runs_own_prm and cfg.serve.backend == "embedded" and cfg.judge.llm_api == "openai":
         raise ConfigError("the PRM engine `clawr1 run` starts is the embedded engine, which serves /generate only: "
                           "set judge.llm_api=generate, or judge.llm_url to an OpenAI-compatible endpoint")
     if not is_partitioned(cfg):
@@ -61,8 +53,8 @@ def apply_partition(cfg: Config) -> Config:
             raise ConfigError(f"cluster.rollout_gpus has {len(c.rollout_gpus)} GPUs; the policy engines need a "
                               f"positive multiple of serve.sglang.tp_size={engine_tp}")
         cfg.serve.num_engines = len(c.rollout_gpus) // engine_tp
-    for needed, gpus, what in ((starts_prm_engine(cfg), c.prm_gpus, "prm_gpus"),
-                               (starts_teacher_engine(cfg), c.teacher_gpus, "teacher_gpus")):
+    for needed, gpus, what in ((cfg.judge.runs_own_prm, c.prm_gpus, "prm_gpus"),
+                               (cfg.judge.runs_own_teacher, c.teacher_gpus, "teacher_gpus")):
         if needed and not gpus:
             raise ConfigError(f"this recipe starts a {what[:-5].upper()} engine; give it GPUs in cluster.{what} "
                               f"(or point the judge at an engine run elsewhere)")

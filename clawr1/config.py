@@ -156,6 +156,16 @@ class JudgeConfig:
     def needs_llm(self) -> bool:
         return self.backend == "llm" or (self.backend == "env" and self.prm_coef > 0)
 
+    @property
+    def runs_own_prm(self) -> bool:
+        """`clawr1 run` starts the PRM engine: the judge needs one and none is configured."""
+        return self.needs_llm and not self.llm_url
+
+    @property
+    def runs_own_teacher(self) -> bool:
+        """`clawr1 run` starts the frozen teacher engine: one is needed and none is configured."""
+        return self.teacher == "frozen" and not self.teacher_url
+
 
 @dataclass
 class PoolConfig:
@@ -431,8 +441,8 @@ def assign_free_ports(cfg: Config) -> Config:
             setattr(section, name, free_port())
     while len(cfg.serve.extra_ports) < cfg.serve.num_engines - 1:
         cfg.serve.extra_ports.append(free_port())
-    if cfg.judge.teacher == "frozen" and not cfg.judge.teacher_url and not cfg.judge.teacher_port:
+    if cfg.judge.runs_own_teacher and not cfg.judge.teacher_port:
         cfg.judge.teacher_port = free_port()
-    if cfg.judge.needs_llm and not cfg.judge.llm_url and not cfg.judge.prm_port:
+    if cfg.judge.runs_own_prm and not cfg.judge.prm_port:
         cfg.judge.prm_port = free_port()
     return cfg

@@ -22,7 +22,7 @@ from typing import Callable, Optional
 
 import httpx
 
-from clawr1.cluster import apply_partition, starts_prm_engine, starts_teacher_engine, visible_devices
+from clawr1.cluster import apply_partition, visible_devices
 from clawr1.config import Config, assign_free_ports, save_config
 from clawr1.runtime import ready_file
 
@@ -109,11 +109,11 @@ class Supervisor:
             ports = [cfg.serve.port, *cfg.serve.extra_ports]
             loops = [Loop("serve" if i == 0 else f"serve-{i}", "serve", _gpu_env(cfg, "engine", i),
                           _http_ok(f"http://{host}:{p}/health"), args=(f"serve.port={p}",)) for i, p in enumerate(ports)]
-        if starts_teacher_engine(cfg):  # the base weights, never updated
+        if cfg.judge.runs_own_teacher:  # the base weights, never updated
             port = cfg.judge.teacher_port
             loops.append(Loop("teacher", "serve", _gpu_env(cfg, "teacher"), _http_ok(f"http://{host}:{port}/health"),
                               args=(f"serve.port={port}", *_engine_tp(cfg.cluster.teacher_gpus))))
-        if starts_prm_engine(cfg):
+        if cfg.judge.runs_own_prm:
             port = cfg.judge.prm_port
             loops.append(Loop("prm", "serve", _gpu_env(cfg, "prm"), _http_ok(f"http://{host}:{port}/health"),
                               args=(f"serve.port={port}", f"model.path={cfg.judge.prm_model_path or cfg.model.path}",

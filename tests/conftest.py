@@ -22,6 +22,16 @@ def tiny_model() -> Path:
 make_config = local_config
 
 
+@pytest.fixture(scope="module")
+def engine(tiny_model, request, tmp_path_factory):
+    """URL of an engine process serving the tiny model, one per test module (which may set ENGINE_OVERRIDES)."""
+    cfg = make_config(tmp_path_factory.mktemp("engine"), *getattr(request.module, "ENGINE_OVERRIDES", ()))
+    proc = LoopProcess(cfg, "serve")
+    proc.wait_http(f"{cfg.engine_url}/health")
+    yield cfg.engine_url
+    proc.stop()
+
+
 @pytest.fixture
 def loops():
     """Start loop processes with `loops(cfg, name)`; all are stopped after the test."""

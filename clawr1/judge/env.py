@@ -8,6 +8,7 @@ trajectory-level GRPO expects; with last_turn only the last turn does. A PRM
 """
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 from typing import Optional
 
@@ -35,15 +36,24 @@ class EnvJudge:
             return []
         ready = self.held.pop(record.session_id, []) + [record] if is_outcome else [record]
         outcome: Optional[float] = ns.reward if is_outcome else None
+        prm_scores = await self._prm_scores(ready)
         out = []
-        for r in ready:
+        for r, prm in zip(ready, prm_scores):
             score = outcome if (outcome is not None and (r is record or self.cfg.env_reward == "all_turns")) else None
-            if self.prm is not None and r.next_state is not None:
-                prm = (await self.prm.verdict(r, with_hints=False)).score
-                if prm is not None:
-                    score = (score or 0.0) + self.cfg.prm_coef * prm
+            if prm is not None:
+                score = (score or 0.0) + self.cfg.prm_coef * prm
             out.append((r, Verdict(score, reason="outcome" if outcome is not None else "prm")))
         return out
+
+    async def _prm_scores(self, records: list[TurnRecord]) -> list[Optional[float]]:
+        """The PRM majority for every turn at once (None without a PRM, a next state, or a decision)."""
+        if self.prm is None:
+            return [None] * len(records)
+
+        async def one(r: TurnRecord) -> Optional[float]:
+            return (await self.prm.verdict(r, with_hints=False)).score if r.next_state is not None else None
+
+        return list(await asyncio.gather(*(one(r) for r in records)))
 
     def _hold(self, record: TurnRecord) -> None:
         self.held.setdefault(record.session_id, []).append(record)

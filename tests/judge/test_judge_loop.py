@@ -12,7 +12,7 @@ from clawr1.judge.main import make_sample
 from clawr1.judge.rules import Verdict
 from clawr1.protocol import NextState, TurnRecord
 from clawr1.serving.client import Generation
-from tests.conftest import LoopProcess, engine_metric, make_config
+from tests.conftest import engine_metric, make_config
 
 
 def record(session: str, turn: int, next_state=None) -> TurnRecord:
@@ -58,6 +58,16 @@ def test_env_backend_holds_a_bounded_number_of_sessions():
     assert list(judge.held) == ["s2", "s3"] and judge.dropped_held == 2
 
 
+def verdict_on_a_correction(judge: LlmJudge):
+    async def go():
+        try:
+            return await judge.verdict(record("s", 0, NextState(kind="user", text="No. Please use tags.")))
+        finally:
+            await judge.close()
+
+    return asyncio.run(go())
+
+
 @pytest.mark.parametrize("api", ["openai", "generate"])
 def test_llm_backend_asks_m_votes_of_each_kind_on_a_real_endpoint(tiny_model, tmp_path, loops, api):
     cfg = make_config(tmp_path)
@@ -70,14 +80,7 @@ def test_llm_backend_asks_m_votes_of_each_kind_on_a_real_endpoint(tiny_model, tm
         url = f"{cfg.gateway_url}/v1"
     judge = LlmJudge(JudgeConfig(backend="llm", llm_url=url, llm_api=api, votes=3, vote_max_tokens=8))
     before = engine_metric(cfg.engine_url, "requests_total")
-
-    async def go():
-        try:
-            return await judge.verdict(record("s", 0, NextState(kind="user", text="No. Please use tags.")))
-        finally:
-            await judge.close()
-
-    verdict = asyncio.run(go())
+    verdict = verdict_on_a_correction(judge)
     assert engine_metric(cfg.engine_url, "requests_total") - before == 6  # 3 evaluation + 3 hint votes
     # the tiny model cannot vote: every unparsable answer is an abstention, counted, and the turn gets no score
     assert judge.counts["votes"] == 6 and judge.counts["abstentions"] + judge.counts["hints_accepted"] <= 6
@@ -110,13 +113,6 @@ def test_an_unreachable_prm_endpoint_gives_abstentions_not_a_crash():
     from clawr1.config import free_port
 
     judge = LlmJudge(JudgeConfig(backend="llm", llm_url=f"http://127.0.0.1:{free_port()}/v1", votes=3))
-
-    async def go():
-        try:
-            return await judge.verdict(record("s", 0, NextState(kind="user", text="No. Please use tags.")))
-        finally:
-            await judge.close()
-
-    verdict = asyncio.run(go())
+    verdict = verdict_on_a_correction(judge)
     assert verdict.score is None and verdict.hint == ""
     assert judge.report()["llm_endpoint_errors"] == 6 and judge.report()["abstention_rate"] == 1.0

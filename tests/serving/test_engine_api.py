@@ -7,16 +7,9 @@ import httpx
 import pytest
 import torch
 
-from tests.conftest import LoopProcess, make_config
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model, tmp_path_factory):
-    cfg = make_config(tmp_path_factory.mktemp("engine"), "serve.max_running_requests=8")
-    proc = LoopProcess(cfg, "serve")
-    proc.wait_http(f"{cfg.engine_url}/health")
-    yield cfg.engine_url
-    proc.stop()
+ENGINE_OVERRIDES = ("serve.max_running_requests=8",)
 
 
 @pytest.fixture(scope="module")

@@ -7,19 +7,8 @@ import threading
 import time
 
 import httpx
-import pytest
 
-from tests.conftest import LoopProcess, make_config
 from tests.serving.test_engine_api import prompt_ids
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_model, tmp_path_factory):
-    cfg = make_config(tmp_path_factory.mktemp("control"))
-    proc = LoopProcess(cfg, "serve")
-    proc.wait_http(f"{cfg.engine_url}/health")
-    yield cfg.engine_url
-    proc.stop()
 
 
 def stream(url: str, body: dict, chunks: list) -> None:
@@ -58,15 +47,21 @@ def test_weight_update_lands_between_decode_steps_of_a_running_stream(engine, ti
     assert len(chunks) == 120  # one chunk per token, cumulative, as SGLang streams
 
 
+def stream_until(url: str, body: dict, chunks: int) -> tuple[threading.Thread, list]:
+    """Stream a request in a thread; return once it has produced `chunks` chunks."""
+    received: list = []
+    t = threading.Thread(target=stream, args=(url, body, received))
+    t.start()
+    while len(received) < chunks:
+        time.sleep(0.01)
+    return t, received
+
+
 def test_pause_in_place_holds_requests_and_continue_finishes_them(engine, tiny_model):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
-    running: list = []
-    t = threading.Thread(target=stream, args=(engine, long_request(tok, 60), running))
-    t.start()
-    while len(running) < 5:
-        time.sleep(0.01)
+    t, running = stream_until(engine, long_request(tok, 60), chunks=5)
     assert httpx.post(f"{engine}/pause_generation", json={"mode": "in_place"}).json()["status"] == "ok"
     held = len(running)
     queued: list = []
@@ -84,11 +79,7 @@ def test_pause_abort_finishes_running_requests_with_abort(engine, tiny_model):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
-    running: list = []
-    t = threading.Thread(target=stream, args=(engine, long_request(tok, 200), running))
-    t.start()
-    while len(running) < 3:
-        time.sleep(0.01)
+    t, running = stream_until(engine, long_request(tok, 200), chunks=3)
     httpx.post(f"{engine}/pause_generation", json={})
     t.join()
     assert running[-1][1]["meta_info"]["finish_reason"]["type"] == "abort"

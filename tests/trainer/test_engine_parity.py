@@ -2,22 +2,11 @@
 from __future__ import annotations
 
 import httpx
-import pytest
 
 from clawr1.gateway.chat_template import ChatRenderer
-from tests.conftest import LoopProcess, make_config
 
 
-@pytest.fixture(scope="module")
-def engine_url(tiny_model, tmp_path_factory):
-    cfg = make_config(tmp_path_factory.mktemp("parity"))
-    proc = LoopProcess(cfg, "serve")
-    proc.wait_http(f"{cfg.engine_url}/health")
-    yield cfg.engine_url
-    proc.stop()
-
-
-def test_engine_sampled_logprobs_equal_megatron_logprobs(engine_url, tiny_model, megatron_tp1):
+def test_engine_sampled_logprobs_equal_megatron_logprobs(engine, tiny_model, megatron_tp1):
     from transformers import AutoTokenizer
 
     from clawr1.trainer.model import build_policy, pack, packed_logprobs
@@ -28,7 +17,7 @@ def test_engine_sampled_logprobs_equal_megatron_logprobs(engine_url, tiny_model,
     for i, q in enumerate(["What is 3 km plus 4 km?", "Add 10 g and 7 g.", "How much is 2 L and 9 L together?"]):
         ids = renderer.encode_messages([{"role": "system", "content": "You are a helpful assistant."},
                                         {"role": "user", "content": q}])
-        out = httpx.post(f"{engine_url}/generate", json={
+        out = httpx.post(f"{engine}/generate", json={
             "input_ids": ids, "sampling_params": {"max_new_tokens": 40, "sampling_seed": i}, "return_logprob": True},
             timeout=60).json()
         prompts.append(ids)
