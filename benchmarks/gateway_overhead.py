@@ -1,12 +1,13 @@
 """Latency the gateway adds: the same requests through the gateway and straight to the engine, interleaved.
 
 Gateway requests are real main turns (new session each, rendered, proxied, recorded);
-direct requests send the same prompt ids to the engine's /generate. Prints one JSON
+direct requests send the same prompt ids to the engine's /generate. The two alternate
+which goes first in each pair. Prints one JSON
 line with p50/p99 of each and the added p50/p99 (goal: p50 added < 2 ms, non-streaming),
 and the gateway's own work per request as the gateway measures it (request time minus
 time awaiting the engine), which separates its CPU cost from the extra loopback hop and
 process scheduling on a small machine.
-Usage: python benchmarks/gateway_overhead.py [--requests 200] [--max-tokens 4]
+Usage: python benchmarks/gateway_overhead.py [--requests 400] [--max-tokens 4]
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def percentile(values: list[float], q: float) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--max-tokens", type=int, default=4)
     args = ap.parse_args()
     from transformers import AutoTokenizer
@@ -60,19 +61,26 @@ def main() -> None:
                     return (float(values.get("clawr1_gateway_overhead_seconds_total", 0)),
                             float(values.get("clawr1_gateway_overhead_requests_total", 0)))
 
-                for i in range(args.requests + 20):  # the first 20 of each warm up
+                def timed(send) -> float:
                     t0 = time.perf_counter()
-                    r = client.post(f"{cfg.gateway_url}/v1/chat/completions", json=chat_body,
-                                    headers={"X-Session-Id": f"bench-{i}"})
-                    t1 = time.perf_counter()
-                    e = client.post(f"{cfg.engine_url}/generate", json=direct_body)
-                    t2 = time.perf_counter()
-                    assert r.status_code == 200 and e.status_code == 200, (r.text, e.text)
+                    reply = send()
+                    elapsed = (time.perf_counter() - t0) * 1000
+                    assert reply.status_code == 200, reply.text
+                    return elapsed
+
+                for i in range(args.requests + 20):  # the first 20 of each warm up
+                    via_gateway = lambda: client.post(f"{cfg.gateway_url}/v1/chat/completions", json=chat_body,  # noqa: E731
+                                                      headers={"X-Session-Id": f"bench-{i}"})
+                    to_engine = lambda: client.post(f"{cfg.engine_url}/generate", json=direct_body)  # noqa: E731
+                    if i % 2:  # alternate which goes first, so neither always follows the other
+                        g, e = timed(via_gateway), timed(to_engine)
+                    else:
+                        e, g = timed(to_engine), timed(via_gateway)
                     if i == 19:
                         own_before = own_seconds()
                     if i >= 20:
-                        gw.append((t1 - t0) * 1000)
-                        direct.append((t2 - t1) * 1000)
+                        gw.append(g)
+                        direct.append(e)
                 own_after = own_seconds()
         finally:
             stop_all(procs)

@@ -19,8 +19,10 @@ new messages, and the judge to splice a hint into a recorded prompt.
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from typing import Any, Optional, Sequence
 
+MESSAGE_CACHE_SIZE = 1024  # rendered messages whose ids the renderer keeps
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 END_OF_TEXT = "<|endoftext|>"
@@ -89,6 +91,8 @@ class ChatRenderer:
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
         self._fast = getattr(tokenizer, "backend_tokenizer", None)  # the Rust tokenizer: half the cost per call
+        # System prompts and tool lists repeat across sessions: their ids are kept (least recently used go first).
+        self._message_ids: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self.im_start_id = tokenizer.convert_tokens_to_ids(IM_START)
         self.im_end_id = tokenizer.convert_tokens_to_ids(IM_END)
         self.newline_ids = self.encode_text("\n")
@@ -98,6 +102,17 @@ class ChatRenderer:
         if self._fast is not None:
             return self._fast.encode(text, add_special_tokens=False).ids
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def encode_message_text(self, text: str) -> tuple[int, ...]:
+        """Ids of one whole rendered message, remembered for the next request that sends it."""
+        ids = self._message_ids.get(text)
+        if ids is None:
+            ids = self._message_ids[text] = tuple(self.encode_text(text))
+            if len(self._message_ids) > MESSAGE_CACHE_SIZE:
+                self._message_ids.popitem(last=False)
+        else:
+            self._message_ids.move_to_end(text)
+        return ids
 
     def message_text(self, message: dict, tools: Optional[Sequence[dict]] = None) -> str:
         return f"{IM_START}{message['role']}\n{message_content(message, tools)}{IM_END}\n"
@@ -112,7 +127,7 @@ class ChatRenderer:
                         tools: Optional[Sequence[dict]] = None) -> list[int]:
         ids: list[int] = []
         for m in self.with_tool_system(messages, tools):
-            ids += self.encode_text(self.message_text(m, tools))
+            ids += self.encode_message_text(self.message_text(m, tools))
         if add_generation_prompt:
             ids += self.generation_prompt_ids
         return ids

@@ -1,6 +1,7 @@
 """`clawr1 gateway`: serve the OpenAI-compatible gateway."""
 from __future__ import annotations
 
+import gc
 import logging
 
 import uvicorn
@@ -23,6 +24,9 @@ def main(cfg: Config) -> int:
     gateway = Gateway(cfg, tokenizer, judge_addr=cfg.judge_turns_addr)
     log.info("gateway on %s -> engines %s, judge %s, auth %s", cfg.gateway_url, cfg.engine_urls, cfg.judge_turns_addr,
              "on" if key else "off (loopback only)")
-    uvicorn.run(create_app(gateway, key), host=cfg.gateway.host, port=cfg.gateway.port, log_level="warning", loop="uvloop", http="httptools",
+    app = create_app(gateway, key)
+    gc.collect()
+    gc.freeze()  # the tokenizer and libraries loaded so far are never garbage: keep them out of every collection
+    uvicorn.run(app, host=cfg.gateway.host, port=cfg.gateway.port, log_level="warning", loop="uvloop", http="httptools",
                 timeout_keep_alive=75)  # longer than clients keep idle connections: no reuse-vs-close race
     return 0

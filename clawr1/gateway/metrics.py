@@ -22,7 +22,7 @@ class Metrics:
         self.hist_sum: dict[tuple, float] = defaultdict(float)
 
     def inc(self, name: str, value: float = 1.0, help: str = "", **labels: str) -> None:
-        self.counters[name][tuple(sorted(labels.items()))] += value
+        self.counters[name][tuple(sorted(labels.items())) if labels else ()] += value
         if help:
             self.help.setdefault(name, help)
 

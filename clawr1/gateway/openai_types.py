@@ -1,8 +1,8 @@
 """Request and response shapes of the OpenAI Chat Completions API (the subset we serve), plus our endpoints."""
 from __future__ import annotations
 
+import secrets
 import time
-import uuid
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -129,7 +129,7 @@ def error_body(message: str, type_: str = "invalid_request_error", param: Option
 
 
 def completion_id() -> str:
-    return f"chatcmpl-{uuid.uuid4().hex[:24]}"
+    return f"chatcmpl-{secrets.token_hex(12)}"
 
 
 def chat_completion(cid: str, model: str, choices: list[dict], prompt_tokens: int, completion_tokens: int) -> dict:

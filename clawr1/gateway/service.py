@@ -198,8 +198,8 @@ class Gateway:
         t0 = time.perf_counter()
         waited_before = self._engine_wait
         async with self._turn(req, ctx) as turn:
-            gens = await asyncio.gather(*(self._generate(turn.key, turn.prompt, self._sampling_params(req, i))
-                                          for i in range(req.n)))
+            calls = [self._generate(turn.key, turn.prompt, self._sampling_params(req, i)) for i in range(req.n)]
+            gens = [await calls[0]] if req.n == 1 else await asyncio.gather(*calls)
             choices = [self._choice(i, g, turn.parse_tools) for i, g in enumerate(gens)]
             turn.finish(choices)
         body = chat_completion(turn.cid, req.model or self.cfg.model_name,

@@ -5,13 +5,14 @@ we send; `parse_*` functions pin what we read back.
 """
 from __future__ import annotations
 
-import asyncio
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Optional
 
-import aiohttp
 import httpx
 import orjson
+
+from clawr1.serving.http_client import ConnectionFailed, HttpClient
 
 
 class EngineError(RuntimeError):
@@ -112,28 +113,18 @@ def _check(resp: httpx.Response, what: str) -> Any:
 
 
 class EngineClient:
-    """Async client for one engine (aiohttp: on the gateway's hot path it costs a fraction of httpx's CPU)."""
+    """Async client for one engine, on the small keep-alive HTTP client (the gateway's hot path)."""
 
     def __init__(self, url: str, timeout_s: float = 300.0):
         self.url = url.rstrip("/")
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._session: Optional[aiohttp.ClientSession] = None
-
-    @property
-    def http(self) -> aiohttp.ClientSession:
-        if self._session is None:  # made inside the running event loop
-            self._session = aiohttp.ClientSession(
-                base_url=self.url, timeout=self.timeout, json_serialize=lambda o: orjson.dumps(o).decode(),
-                connector=aiohttp.TCPConnector(limit=256, keepalive_timeout=60))
-        return self._session
+        self.http = HttpClient(self.url, read_timeout_s=timeout_s)
 
     async def _post(self, what: str, payload: dict) -> Any:
         try:
-            async with self.http.post("/generate", json=payload) as resp:
-                body = await resp.read()
-                return _check_status(resp.status, body, what)
-        except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as e:
-            raise EngineUnreachable(f"{what}: {self.url} unreachable ({type(e).__name__})") from None
+            status, body = await self.http.request("POST", "/generate", orjson.dumps(payload))
+        except ConnectionFailed as e:
+            raise EngineUnreachable(f"{what}: {self.url} unreachable ({e})") from None
+        return _check_status(status, body, what)
 
     async def generate(self, input_ids: list[int], sampling_params: dict[str, Any], **kw: Any) -> Generation:
         return parse_generation(await self._post("generate", generate_payload(input_ids, sampling_params, **kw)))
@@ -141,30 +132,27 @@ class EngineClient:
     async def generate_stream(self, input_ids: list[int], sampling_params: dict[str, Any],
                               **kw: Any) -> AsyncIterator[Generation]:
         """Partial results as the engine streams them (SGLang's default cumulative chunks); the last one is final."""
-        payload = generate_payload(input_ids, sampling_params, stream=True, **kw)
+        payload = orjson.dumps(generate_payload(input_ids, sampling_params, stream=True, **kw))
         try:
-            async with self.http.post("/generate", json=payload) as resp:
-                if resp.status != 200:
-                    _check_status(resp.status, await resp.read(), "generate")
-                async for raw in resp.content:
-                    line = raw.decode().strip()
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        return
+            status, body = await self.http.open("POST", "/generate", payload)
+            async with contextlib.aclosing(body):
+                if status != 200:
+                    _check_status(status, b"".join([c async for c in body]), "generate")
+                async for data in _sse_events(body):
+                    if data == b"[DONE]":
+                        continue  # read on to the end of the reply, so the connection is reused
                     chunk = orjson.loads(data)
                     if "error" in chunk:
                         raise EngineError(f"generate failed mid-stream: {chunk['error']}")
                     yield parse_generation(chunk)
-        except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as e:
-            raise EngineUnreachable(f"generate: {self.url} unreachable ({type(e).__name__})") from None
+        except ConnectionFailed as e:
+            raise EngineUnreachable(f"generate: {self.url} unreachable ({e})") from None
 
     async def health(self) -> bool:
         try:
-            async with self.http.get("/health", timeout=aiohttp.ClientTimeout(total=5)) as resp:
-                return resp.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+            status, _ = await self.http.request("GET", "/health", read_timeout_s=5)
+            return status == 200
+        except ConnectionFailed:
             return False
 
     async def score(self, input_ids: list[int], first_scored: int, top_k: int = 0) -> Generation:
@@ -172,8 +160,19 @@ class EngineClient:
         return parse_generation(await self._post("prompt scoring", prompt_logprobs_payload(input_ids, first_scored, top_k)))
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        await self.http.close()
+
+
+async def _sse_events(body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The `data:` payloads of a server-sent-event stream, whatever the chunking of the bytes."""
+    pending = b""
+    async for chunk in body:
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            line = line.strip()
+            if line.startswith(b"data:"):
+                yield line[5:].strip()
 
 
 class SyncEngineClient:

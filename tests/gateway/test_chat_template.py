@@ -35,3 +35,21 @@ def test_training_mask_covers_assistant_content_and_its_end(tiny_model):
     assert ids == r.encode_messages(CONVERSATION, add_generation_prompt=False)
     trained = [i for i, m in zip(ids, mask) if m]
     assert trained == r.encode_text("<ans>7 km</ans>") + [r.im_end_id]
+
+
+def test_remembered_message_ids_are_the_tokenizers_and_bounded(tiny_model, monkeypatch):
+    from transformers import AutoTokenizer
+
+    from clawr1.gateway import chat_template
+
+    monkeypatch.setattr(chat_template, "MESSAGE_CACHE_SIZE", 3)
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    r = ChatRenderer(tok)
+    first = r.encode_messages(CONVERSATION)
+    again = r.encode_messages(CONVERSATION)
+    assert first == again == tok.encode(tok.apply_chat_template(CONVERSATION, tokenize=False, add_generation_prompt=True),
+                                        add_special_tokens=False)
+    again.append(-1)  # a caller extending its ids must not change what is remembered
+    assert r.encode_messages(CONVERSATION) == first
+    assert len(r._message_ids) == 3  # the least recently used of the 4 messages went out
+    assert r.message_text(CONVERSATION[0]) not in r._message_ids
