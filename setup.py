@@ -20,7 +20,8 @@ setup(
         "fastapi>=0.110",
         "uvicorn[standard]>=0.29",  # uvloop + httptools: the gateway's latency budget is ~1 ms
         "httpx>=0.27",
-        "aiohttp>=3.9",
+        "httptools>=0.6",  # the engine client parses replies with it (uvicorn uses it too)
+        "aiohttp>=3.9",  # the llm judge's OpenAI-compatible endpoints
         "orjson>=3.9",
         "openai>=1.40",
         "pyyaml>=6",

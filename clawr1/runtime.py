@@ -1,6 +1,7 @@
-"""What every loop process shares: logging, a stop signal, and a readiness marker."""
+"""What every loop process shares: logging, a stop signal, a readiness marker, garbage-collector set-up."""
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -17,6 +18,15 @@ def setup_logging(loop: str) -> logging.Logger:
     for noisy in ("httpx", "httpx2", "httpcore", "openai", "uvicorn.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     return logging.getLogger(f"clawr1.{loop}")
+
+
+def freeze_startup_objects() -> None:
+    """Move everything loaded so far (model code, tokenizer, libraries) out of the garbage collector's sight.
+
+    None of it is garbage, and scanning it in every full collection costs a serving process
+    milliseconds per collection; objects made while serving are collected as usual."""
+    gc.collect()
+    gc.freeze()
 
 
 def stop_event() -> threading.Event:

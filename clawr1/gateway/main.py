@@ -1,7 +1,6 @@
 """`clawr1 gateway`: serve the OpenAI-compatible gateway."""
 from __future__ import annotations
 
-import gc
 import logging
 
 import uvicorn
@@ -10,7 +9,7 @@ from transformers import AutoTokenizer
 from clawr1.config import Config
 from clawr1.gateway.app import check_exposure, create_app, resolve_api_key
 from clawr1.gateway.service import Gateway
-from clawr1.runtime import setup_logging
+from clawr1.runtime import freeze_startup_objects, setup_logging
 from clawr1.tinymodel.build import resolve_model_path
 
 log = logging.getLogger("clawr1.gateway")
@@ -25,8 +24,7 @@ def main(cfg: Config) -> int:
     log.info("gateway on %s -> engines %s, judge %s, auth %s", cfg.gateway_url, cfg.engine_urls, cfg.judge_turns_addr,
              "on" if key else "off (loopback only)")
     app = create_app(gateway, key)
-    gc.collect()
-    gc.freeze()  # the tokenizer and libraries loaded so far are never garbage: keep them out of every collection
+    freeze_startup_objects()
     uvicorn.run(app, host=cfg.gateway.host, port=cfg.gateway.port, log_level="warning", loop="uvloop", http="httptools",
                 timeout_keep_alive=75)  # longer than clients keep idle connections: no reuse-vs-close race
     return 0

@@ -111,17 +111,13 @@ class HttpClient:
             try:
                 conn.send(request)
                 status = await _next_event(conn, timeout)
-            except ReplyTimeout:
+            except BaseException as e:
                 conn.close()
-                raise
-            except ConnectionFailed:
-                conn.close()
-                # A kept-alive connection that the server closed as we sent: the server never read the request.
-                if conn.replies and not conn.reply_started and attempt == 0:
+                # A kept-alive connection that the server closed as we sent: it never read the request, send it again.
+                closed_while_idle = (isinstance(e, ConnectionFailed) and not isinstance(e, ReplyTimeout)
+                                     and conn.replies > 0 and not conn.reply_started)
+                if closed_while_idle and attempt == 0:
                     continue
-                raise
-            except BaseException:
-                conn.close()
                 raise
             if not isinstance(status, int):
                 conn.close()

@@ -7,7 +7,7 @@ import torch
 import uvicorn
 
 from clawr1.config import Config
-from clawr1.runtime import setup_logging
+from clawr1.runtime import freeze_startup_objects, setup_logging
 from clawr1.serving.engine import Engine
 from clawr1.serving.server import create_app
 from clawr1.tinymodel.build import resolve_model_path
@@ -27,6 +27,7 @@ def main(cfg: Config) -> int:
     torch.set_num_threads(cfg.serve.num_threads)
     engine = Engine(path, dtype=cfg.serve.dtype, max_running=cfg.serve.max_running_requests)
     log.info("engine on %s serving %s", cfg.engine_url, path)
+    freeze_startup_objects()
     try:
         uvicorn.run(create_app(engine), host=cfg.serve.host, port=cfg.serve.port, log_level="warning", loop="uvloop", http="httptools",
                 timeout_keep_alive=75)  # longer than clients keep idle connections: no reuse-vs-close race
