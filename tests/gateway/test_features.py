@@ -160,3 +160,21 @@ def test_metrics_are_prometheus_text(stack):
                  "clawr1_gateway_completion_tokens_total"):
         assert name in text, name
     assert "# TYPE clawr1_gateway_request_seconds histogram" in text
+
+
+def test_session_id_header_and_error_shape_of_both_routes(stack):
+    """Non-streaming turns are answered ahead of FastAPI, streaming ones by it: both name the session the same way."""
+    cfg, _, _ = stack
+    url = f"{cfg.gateway_url}/v1/chat/completions"
+    ask = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    plain = httpx.post(url, json={**ask, "user": "alice smith"})
+    streamed = httpx.post(url, json={**ask, "user": "bob smith", "stream": True})
+    anonymous = httpx.post(url, json=ask)
+    side = httpx.post(url, json=ask, headers={"X-Turn-Type": "side"})
+    assert plain.status_code == streamed.status_code == anonymous.status_code == side.status_code == 200
+    assert plain.headers["x-session-id"] == "alice%20smith" and streamed.headers["x-session-id"] == "bob%20smith"
+    assert anonymous.headers["x-session-id"].startswith("anon-") and "x-session-id" not in side.headers
+    assert plain.headers["content-type"] == "application/json" and plain.json()["object"] == "chat.completion"
+    for body in ({**ask, "temperature": 3}, {**ask, "temperature": 3, "stream": True}):
+        err = httpx.post(url, json=body).json()["error"]
+        assert err["param"] == "temperature" and err["type"] == "invalid_request_error"
