@@ -78,10 +78,8 @@ class BodyLimit:
             await self._reject(send)
 
     async def _reject(self, send):
-        body = JSONResponse(error_body(f"the request body is larger than {self.limit} bytes", code="request_too_large"),
-                            status_code=413)
-        await send({"type": "http.response.start", "status": 413, "headers": body.raw_headers})
-        await send({"type": "http.response.body", "body": body.body})
+        await _send_json(send, 413, error_body(f"the request body is larger than {self.limit} bytes",
+                                               code="request_too_large"))
 
 
 class _TooLarge(Exception):
@@ -98,11 +96,8 @@ class RequireKey:
         if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
             given = dict(scope.get("headers") or []).get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
-                body = JSONResponse(error_body("missing or wrong API key", "authentication_error", code="invalid_api_key"),
-                                    status_code=401)
-                await send({"type": "http.response.start", "status": 401, "headers": body.raw_headers})
-                await send({"type": "http.response.body", "body": body.body})
-                return
+                return await _send_json(send, 401, error_body("missing or wrong API key", "authentication_error",
+                                                              code="invalid_api_key"))
         await self.app(scope, receive, send)
 
 
@@ -218,8 +213,8 @@ def create_app(gateway: Gateway, api_key: Optional[str] = None) -> ASGIApp:
     async def _chat(body: ChatCompletionRequest, request: Request, path_session: Optional[str]) -> Response:
         ctx = turn_context(request.headers, path_session, body)
         if body.stream:
-            events, sid = await gateway.chat_stream(body, ctx)
-            return StreamingResponse(events, media_type="text/event-stream", headers=_session_header(sid))
+            events, sid, release = await gateway.chat_stream(body, ctx)
+            return TurnStream(events, release, headers=_session_header(sid))
         result, sid = await gateway.chat(body, ctx)
         return Response(orjson.dumps(result), media_type="application/json", headers=_session_header(sid))
 
@@ -250,6 +245,21 @@ def create_app(gateway: Gateway, api_key: Optional[str] = None) -> ASGIApp:
 
     served: ASGIApp = BodyLimit(FastChat(app, gateway), limit=gateway.cfg.max_request_bytes)
     return RequireKey(served, key=api_key) if api_key else served
+
+
+class TurnStream(StreamingResponse):
+    """SSE for one turn; its session is released when the response ends, even if the body never started
+    (a client that disconnects at once cancels the response before Starlette iterates the events)."""
+
+    def __init__(self, events: Any, release: Callable[[], Awaitable[None]], headers: dict):
+        super().__init__(events, media_type="text/event-stream", headers=headers)
+        self.release = release
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.release()
 
 
 def _session_header(sid: str) -> dict:

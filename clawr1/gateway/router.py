@@ -63,11 +63,6 @@ class EngineRouter:
                 self.mark(i, ok)
             await asyncio.sleep(self.health_interval_s)
 
-    async def close(self) -> None:
-        for e in self.engines:
-            await e.close()
-
-
     async def stream(self, key: str, open_stream: Callable[[EngineClient], AsyncIterator[T]]) -> AsyncIterator[T]:
         """Stream from the key's engine; fail over only while nothing has been received yet."""
         errors = []
@@ -86,3 +81,7 @@ class EngineRouter:
                 yield item
             return
         raise NoEngineError("no engine reachable (" + "; ".join(errors) + ")")
+
+    async def close(self) -> None:
+        for e in self.engines:
+            await e.close()

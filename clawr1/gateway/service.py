@@ -15,7 +15,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import AsyncIterator, Optional
+from typing import AsyncIterator, Awaitable, Callable, Optional
 
 from clawr1 import bus, protocol
 from clawr1.config import Config
@@ -24,7 +24,7 @@ from clawr1.gateway.metrics import Metrics
 from clawr1.gateway.openai_types import ChatCompletionRequest, chat_completion, chunk, completion_id
 from clawr1.gateway.parsers import ParsedOutput, StreamSplitter, parse_output
 from clawr1.gateway.router import EngineRouter, NoEngineError
-from clawr1.gateway.sessions import Session, SessionStore
+from clawr1.gateway.sessions import Session, SessionStore, canonical
 from clawr1.protocol import NextState, TurnRecord
 from clawr1.serving.client import EngineError, Generation
 
@@ -35,6 +35,37 @@ class GatewayError(Exception):
     def __init__(self, status: int, message: str, type_: str = "invalid_request_error", code: Optional[str] = None):
         super().__init__(message)
         self.status, self.message, self.type, self.code = status, message, type_, code
+
+
+class SessionLocks:
+    """One lock per session id, forgotten once no request holds or waits for it (so the table stays bounded)."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # id -> (lock, [requests holding or waiting])
+
+    def __len__(self) -> int:
+        return len(self._locks)
+
+    async def acquire(self, session_id: str) -> None:
+        entry = self._locks.get(session_id)
+        if entry is None:
+            entry = self._locks[session_id] = (asyncio.Lock(), [0])
+        entry[1][0] += 1
+        try:
+            await entry[0].acquire()
+        except BaseException:
+            self._leave(session_id)
+            raise
+
+    def release(self, session_id: str) -> None:
+        self._locks[session_id][0].release()
+        self._leave(session_id)
+
+    def _leave(self, session_id: str) -> None:
+        users = self._locks[session_id][1]
+        users[0] -= 1
+        if users[0] == 0:
+            del self._locks[session_id]
 
 
 @dataclass
@@ -89,7 +120,7 @@ class Gateway:
         self.metrics.gauge("judge_queue_depth", lambda: self.judge_queue.qsize(), "TurnRecords waiting for the judge")
         self.metrics.counter_fn("prefix_breaks", lambda: self.sessions.prefix_breaks, "histories that stopped extending")
         self.metrics.gauge("engines_healthy", lambda: sum(self.router.healthy), "engines passing health checks")
-        self._locks: dict[str, asyncio.Lock] = {}
+        self.session_locks = SessionLocks()
         self._engine_wait = 0.0  # seconds spent awaiting engines (for the overhead metric)
         self._tasks: list[asyncio.Task] = []
         self.eos_ids = {self.renderer.im_end_id, tokenizer.convert_tokens_to_ids("<|endoftext|>")}
@@ -219,8 +250,12 @@ class Gateway:
         self.metrics.inc("completion_tokens", len(gen.output_ids), help="tokens generated")
         return Choice(index, gen, text, parse_output(text, parse_tools))
 
-    async def chat_stream(self, req: ChatCompletionRequest, ctx: TurnContext) -> tuple[AsyncIterator[bytes], str]:
-        """A streaming completion: SSE chunks as tokens arrive. Validation errors are raised before streaming."""
+    async def chat_stream(self, req: ChatCompletionRequest,
+                          ctx: TurnContext) -> tuple[AsyncIterator[bytes], str, Callable[[], Awaitable[None]]]:
+        """A streaming completion: SSE chunks as tokens arrive. Validation errors are raised before streaming.
+
+        Returns (events, session id, release): call `release` once the response is over; it frees the
+        session also when the client left before the events were ever iterated."""
         t0 = time.perf_counter()
         turn_cm = self._turn(req, ctx)
         turn = await turn_cm.__aenter__()
@@ -283,7 +318,7 @@ class Gateway:
                     t.cancel()
                 await turn_cm.__aexit__(None, None, None)
 
-        return events(), turn.session_id
+        return events(), turn.session_id, turn_cm.__aexit__
 
     def _turn(self, req: ChatCompletionRequest, ctx: TurnContext) -> "_Turn":
         return _Turn(self, req, ctx)
@@ -323,7 +358,7 @@ class _Turn:
         self.messages = [m.as_dict() for m in req.messages]
         self.session_id = "" if ctx.side else (ctx.session_id or f"anon-{uuid.uuid4().hex}")
         self.key = ctx.session_id or self.session_id or self.cid  # engine affinity, side turns included
-        self.lock: Optional[asyncio.Lock] = None
+        self.holds_lock = False
 
     async def __aenter__(self) -> "_Turn":
         gw = self.gw
@@ -332,15 +367,16 @@ class _Turn:
         if self.ctx.side:
             self.prompt = gw._checked_prompt(gw.renderer.encode_messages(self.messages, tools=self.tools))
         else:
-            self.lock = gw._locks.setdefault(self.session_id, asyncio.Lock())
-            await self.lock.acquire()
+            await gw.session_locks.acquire(self.session_id)
+            self.holds_lock = True
             try:
                 self.session = gw.sessions.get(self.session_id)
-                prompt, outcomes = gw.sessions.prompt_for(self.session, self.messages, self.tools)
+                self.asked = [canonical(m) for m in self.messages]
+                prompt, outcomes = gw.sessions.prompt_for(self.session, self.messages, self.tools, self.asked)
                 self.prompt = gw._checked_prompt(prompt)
                 gw._emit(self.session, outcomes)
             except BaseException:
-                self.lock.release()
+                await self.__aexit__()
                 raise
         gw.metrics.inc("prompt_tokens", len(self.prompt), help="prompt tokens sent to engines")
         return self
@@ -360,13 +396,15 @@ class _Turn:
                 finish_reason=c.gen.finish_reason, group_id=group, task_id=self.ctx.task_id, created_at=time.time())
             s.turns += 1
             replies.append((c.history_message(), c.gen.output_ids, record))
-        gw.sessions.record(s, self.messages, self.tools, replies, self.prompt)
+        gw.sessions.record(s, self.messages, self.tools, replies, self.prompt, self.asked)
         gw.metrics.inc("main_turns", len(choices), help="turns recorded for training")
         gw._evict()
 
     async def __aexit__(self, *exc) -> None:
-        if self.lock is not None and self.lock.locked():
-            self.lock.release()
+        """Release the session; safe to call more than once (a stream may end before it starts)."""
+        if self.holds_lock:
+            self.holds_lock = False
+            self.gw.session_locks.release(self.session_id)
 
 
 def engine_failure(e: EngineError) -> GatewayError:

@@ -31,6 +31,7 @@ class Candidate:
     messages: list[dict]  # history as the client will send it back, ending with this reply
     token_ids: list[int]  # exact ids of that history
     record: TurnRecord
+    canonical: list[tuple]  # `canonical` of each message, to compare the next request against
 
 
 @dataclass
@@ -97,12 +98,11 @@ class SessionStore:
         s.last_seen = time.monotonic()
         return s
 
-    def prompt_for(self, session: Session, messages: list[dict],
-                   tools: Optional[list[dict]]) -> tuple[list[int], list[tuple[TurnRecord, NextState]]]:
-        """Prompt ids for `messages`, and each pending turn with what followed it."""
-        wanted = [canonical(m) for m in messages]
+    def prompt_for(self, session: Session, messages: list[dict], tools: Optional[list[dict]],
+                   wanted: list[tuple]) -> tuple[list[int], list[tuple[TurnRecord, NextState]]]:
+        """Prompt ids for `messages` (`wanted`: their canonical forms), and each pending turn with what followed it."""
         for chosen in session.candidates:
-            hist = [canonical(m) for m in chosen.messages]
+            hist = chosen.canonical
             if session.tools == tools and len(wanted) > len(hist) and wanted[: len(hist)] == hist:
                 new = messages[len(hist):]
                 ids = chosen.token_ids + self.renderer.newline_ids + self.renderer.encode_messages(new, tools=None)
@@ -117,8 +117,9 @@ class SessionStore:
         return self.renderer.encode_messages(messages, tools=tools), outcome
 
     def record(self, session: Session, messages: list[dict], tools: Optional[list[dict]],
-               replies: list[tuple[dict, list[int], TurnRecord]], prompt_ids: list[int]) -> None:
-        """Remember each reply's history, with its exact ids, as a candidate for the next request."""
+               replies: list[tuple[dict, list[int], TurnRecord]], prompt_ids: list[int], asked: list[tuple]) -> None:
+        """Remember each reply's history, with its exact ids, as a candidate for the next request
+        (`asked`: the canonical forms of `messages`)."""
         self.tokens -= session.size
         session.tools = tools
         session.candidates = []
@@ -126,7 +127,7 @@ class SessionStore:
             ids = prompt_ids + response_ids
             if not response_ids or response_ids[-1] != self.renderer.im_end_id:
                 ids = ids + [self.renderer.im_end_id]  # template token closing a truncated reply; never trained
-            session.candidates.append(Candidate(list(messages) + [reply], ids, record))
+            session.candidates.append(Candidate(list(messages) + [reply], ids, record, asked + [canonical(reply)]))
         self.tokens += session.size
 
     def expired(self) -> list[Session]:
