@@ -27,9 +27,11 @@ def engine(tiny_model, request, tmp_path_factory):
     """URL of an engine process serving the tiny model, one per test module (which may set ENGINE_OVERRIDES)."""
     cfg = make_config(tmp_path_factory.mktemp("engine"), *getattr(request.module, "ENGINE_OVERRIDES", ()))
     proc = LoopProcess(cfg, "serve")
-    proc.wait_http(f"{cfg.engine_url}/health")
-    yield cfg.engine_url
-    proc.stop()
+    try:
+        proc.wait_http(f"{cfg.engine_url}/health")
+        yield cfg.engine_url
+    finally:
+        proc.stop()
 
 
 @pytest.fixture

@@ -4,8 +4,6 @@ from __future__ import annotations
 import time
 
 import httpx
-import openai
-import pytest
 
 from envs.personal.preferences import CALCULATOR
 from tests.gateway.test_gateway import SYSTEM, _metric, client, receive

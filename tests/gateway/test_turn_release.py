@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from starlette.requests import ClientDisconnect
 
 from clawr1.gateway.app import TurnStream
 from clawr1.gateway.service import SessionLocks
@@ -67,6 +68,6 @@ def test_turn_stream_releases_when_the_client_left_before_the_first_byte():
 
     scope = {"type": "http", "asgi": {"spec_version": "2.4"}, "method": "POST", "path": "/v1/chat/completions",
              "headers": []}
-    with pytest.raises(Exception):
+    with pytest.raises(ClientDisconnect):
         asyncio.run(TurnStream(events(), release, headers={})(scope, receive, gone))
     assert released == ["released"]

@@ -31,11 +31,7 @@ def test_weight_update_lands_between_decode_steps_of_a_running_stream(engine, ti
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
     path = write_weights_dir(load_hf_state(tiny_model), tmp_path / "v7")
-    chunks: list = []
-    t = threading.Thread(target=stream, args=(engine, long_request(tok), chunks))
-    t.start()
-    while len(chunks) < 10:
-        time.sleep(0.01)
+    t, chunks = stream_until(engine, long_request(tok), 10)
     r = httpx.post(f"{engine}/update_weights_from_disk", json={"model_path": str(path), "weight_version": "7"}, timeout=60)
     assert r.status_code == 200 and r.json()["success"]
     t.join()
@@ -52,7 +48,9 @@ def stream_until(url: str, body: dict, chunks: int) -> tuple[threading.Thread, l
     received: list = []
     t = threading.Thread(target=stream, args=(url, body, received))
     t.start()
+    deadline = time.monotonic() + 120
     while len(received) < chunks:
+        assert t.is_alive() and time.monotonic() < deadline, f"the stream stopped after {len(received)} chunks"
         time.sleep(0.01)
     return t, received
 

@@ -736,7 +736,7 @@ def test_serve_sglang_runs_launch_server_and_stops_on_sigterm(tmp_path):
     try:
         leader, worker = _pids(pid_file)
         deadline = time.monotonic() + 30
-        while httpx.get(f"http://127.0.0.1:{port}/health_generate", timeout=5).status_code != 200:
+        while not _healthy(f"http://127.0.0.1:{port}/health_generate"):
             assert time.monotonic() < deadline
             time.sleep(0.1)
         time.sleep(0.5)  # let serve_sglang's own health check pass and block on the server
@@ -754,3 +754,11 @@ def test_serve_sglang_runs_launch_server_and_stops_on_sigterm(tmp_path):
             for pid in _pids(pid_file):
                 if pid_alive(pid):
                     os.kill(pid, signal.SIGKILL)
+
+
+def _healthy(url: str) -> bool:
+    """The fake server writes its pid file before it listens: refused connections mean not yet."""
+    try:
+        return httpx.get(url, timeout=5).status_code == 200
+    except httpx.ConnectError:
+        return False
