@@ -132,14 +132,15 @@ class Judge:
         waits, self.waits = self.waits, []
         out = {
             **dict(self.counts), "inflight": self.inflight,
-            "backlog": self.counts["received"] - self.latency_n,  # taken off the socket, not yet finished
+            "backlog": self.inflight,  # taken off the socket, not yet finished (failed ones included)
             "queue_wait_s_mean": sum(waits) / len(waits) if waits else 0.0,
             "queue_wait_s_max": max(waits, default=0.0),
             "hint_rate": self.counts["with_hint"] / max(self.counts["judged"], 1),
             "mean_latency_s": self.latency_sum / max(self.latency_n, 1),
         }
-        if self.llm is not None:
-            out.update(self.llm.report())
+        prm = self.llm or (self.env.prm if self.env is not None else None)  # the env judge's PRM reports too
+        if prm is not None:
+            out.update(prm.report())
         if self.env is not None:
             out["held_sessions"] = len(self.env.held)
             out["dropped_held_turns"] = self.env.dropped_held

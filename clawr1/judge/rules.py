@@ -18,7 +18,7 @@ from typing import Optional
 from clawr1.protocol import TurnRecord
 
 TOOL_ERROR = re.compile(r"\b(error|exception|traceback|failed|not found|no such file|invalid)\b", re.I)
-TESTS_PASSED = re.compile(r"\b(\d+ (tests? )?passed|all tests passed)\b", re.I)
+TESTS_PASSED = re.compile(r"\b([1-9]\d* (tests? )?passed|all tests passed)\b", re.I)  # "0 passed" is no success
 _SENTENCE = re.compile(r"[^.!?\n]+[.!?]?")
 
 
