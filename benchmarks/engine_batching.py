@@ -18,7 +18,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from clawr1.devtools import LoopProcess, local_config  # noqa: E402
-from clawr1.gateway.chat_template import ChatRenderer  # noqa: E402
+from clawr1.chat import ChatRenderer  # noqa: E402
 
 
 async def burst(url: str, prompt: list[int], concurrency: int, tokens: int) -> float:
@@ -39,11 +39,11 @@ def main() -> None:
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
-    from clawr1.tinymodel.build import ensure_tiny_model
+    from clawr1.model_path import resolve_model_path
 
     with tempfile.TemporaryDirectory() as d:
         cfg = local_config(Path(d), "serve.max_running_requests=32")
-        renderer = ChatRenderer(AutoTokenizer.from_pretrained(ensure_tiny_model(cfg.model)))
+        renderer = ChatRenderer(AutoTokenizer.from_pretrained(resolve_model_path(cfg.model)))
         prompt = renderer.encode_messages([{"role": "user", "content": "What is 3 km plus 4 km?"}])
         engine = LoopProcess(cfg, "serve")
         try:

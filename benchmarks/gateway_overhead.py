@@ -29,7 +29,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from clawr1.devtools import LoopProcess, local_config, stop_all  # noqa: E402
-from clawr1.gateway.chat_template import ChatRenderer  # noqa: E402
+from clawr1.chat import ChatRenderer  # noqa: E402
 
 MESSAGES = [{"role": "system", "content": "You are a helpful assistant."},
             {"role": "user", "content": "What is 3 km plus 4 km?"}]
@@ -74,11 +74,11 @@ def main() -> None:
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
-    from clawr1.tinymodel.build import ensure_tiny_model
+    from clawr1.model_path import resolve_model_path
 
     with tempfile.TemporaryDirectory() as d:
         cfg = local_config(Path(d))
-        prompt = ChatRenderer(AutoTokenizer.from_pretrained(ensure_tiny_model(cfg.model))).encode_messages(MESSAGES)
+        prompt = ChatRenderer(AutoTokenizer.from_pretrained(resolve_model_path(cfg.model))).encode_messages(MESSAGES)
         procs = [LoopProcess(cfg, "serve"), LoopProcess(cfg, "gateway")]
         try:
             procs[0].wait_http(f"{cfg.engine_url}/health")

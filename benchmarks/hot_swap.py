@@ -144,14 +144,14 @@ def main() -> None:
     ap.add_argument("--updates", type=int, default=20)
     ap.add_argument("--debug", action="store_true")
     args = ap.parse_args()
-    from clawr1.tinymodel.build import ensure_tiny_model
+    from clawr1.model_path import resolve_model_path
 
     with tempfile.TemporaryDirectory() as tmp:
         d = tempfile.mkdtemp() if args.debug else tmp  # --debug keeps the loops' logs
         if args.debug:
             print("run directory:", d, file=sys.stderr)
         cfg = local_config(Path(d), f"serve.max_running_requests={max(32, args.clients)}")
-        dirs = weight_dirs(ensure_tiny_model(cfg.model), Path(d))
+        dirs = weight_dirs(resolve_model_path(cfg.model), Path(d))
         procs = [LoopProcess(cfg, "serve"), LoopProcess(cfg, "gateway")]
         try:
             procs[0].wait_http(f"{cfg.engine_url}/health")

@@ -50,7 +50,7 @@ def baseline_step(model, optimizer, samples: list[Sample], algo: AlgoConfig, pad
     for i, s in enumerate(samples):
         ids[i, : len(s.tokens)] = torch.tensor(s.tokens)
         attn[i, : len(s.tokens)] = 1
-    logp_all = torch.log_softmax(model(input_ids=ids, attention_mask=attn).logits.float() / algo.temperature, -1)
+    logp_all = torch.log_softmax(model(input_ids=ids, attention_mask=attn).logits.float(), -1)
     total = sum(sum(s.loss_mask) for s in samples)
     loss = 0.0
     for i, s in enumerate(samples):
@@ -71,14 +71,14 @@ def baseline_step(model, optimizer, samples: list[Sample], algo: AlgoConfig, pad
 def throughput(steps: int, threads: int) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from clawr1.tinymodel.build import ensure_tiny_model
+    from clawr1.model_path import resolve_model_path
     from clawr1.trainer.megatron_setup import init_parallel
     from clawr1.trainer.model import build_policy
     from clawr1.trainer.optim import TorchAdamW
     from clawr1.trainer.step import train_step
 
     torch.set_num_threads(threads)
-    path = ensure_tiny_model(ModelConfig())
+    path = resolve_model_path(ModelConfig())
     init_parallel(tp=1, seed=0)
     policy = build_policy(path)
     ours_opt = TorchAdamW(policy.model, TrainerConfig(lr=1e-5), total_steps=1000, tp=1, dp=1)

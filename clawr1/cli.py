@@ -5,6 +5,7 @@ import argparse
 import importlib
 import shutil
 import sys
+import time
 from pathlib import Path
 
 from clawr1.config import ConfigError, load_config
@@ -34,6 +35,31 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--overwrite", action="store_true", help="empty an existing run directory first")
     r.add_argument("--resume", action="store_true", help="continue the run in run.dir from its newest checkpoint")
     r.add_argument("--dry-run", action="store_true", help="print every process, its GPUs and command; start nothing")
+    i = sub.add_parser("ingest", help="train on pre-collected OpenAI-format conversations (one JSON object per line)")
+    i.add_argument("file", help="a .jsonl file: {messages, tools?, session_id?, feedback?, reward?} per line")
+    i.add_argument("--gateway", help="a running gateway's URL (a live run), e.g. http://127.0.0.1:8000")
+    i.add_argument("--api-key-env", default="CLAWR1_API_KEY", help="environment variable holding that gateway's key")
+    i.add_argument("--config", help="instead: run this recipe as a live run of its own and ingest into it")
+    i.add_argument("overrides", nargs="*", help="with --config: dotted overrides, e.g. run.dir=runs/logs1")
+    i.add_argument("--overwrite", action="store_true", help="with --config: empty an existing run directory first")
+    i.add_argument("--resume", action="store_true", help="with --config: continue the run in run.dir")
+    b = sub.add_parser("bench", help="score an agent on an environment's tasks: pass@1, pass@k, pass^k")
+    b.add_argument("env", help="envs/terminal, envs/toolcall, or package.module:Class")
+    b.add_argument("--tasks", help="the environment's task set, e.g. learnable, bfcl:simple, or a task directory")
+    b.add_argument("--agent", choices=("oracle", "null", "policy"), default="policy")
+    b.add_argument("--samples", type=int, default=1, help="attempts per task (k of pass@k)")
+    b.add_argument("--limit", type=int, default=0, help="only the first N tasks")
+    b.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE", help="an environment argument")
+    b.add_argument("--gateway", help="policy: a running gateway's URL")
+    b.add_argument("--api-key-env", default="CLAWR1_API_KEY", help="environment variable holding that gateway's key")
+    b.add_argument("--config", help="policy: start an engine and a gateway from this recipe")
+    b.add_argument("overrides", nargs="*", help="with --config: dotted overrides, e.g. model.path=runs/x/weights/v000150")
+    b.add_argument("--run-dir", default=f"runs/bench/serving-{time.strftime('%Y%m%d-%H%M%S')}",
+                   help="with --config: where the engine and gateway write their logs")
+    b.add_argument("--max-tokens", type=int, default=256)
+    b.add_argument("--temperature", type=float, default=1.0)
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--out", help="report prefix (writes PREFIX.md, and PREFIX.png when there are categories)")
     e = sub.add_parser("export", help="write a trainer checkpoint as an HF safetensors directory")
     e.add_argument("checkpoint", help="RUN_DIR/checkpoints/stepNNNNNN")
     e.add_argument("out_dir")
@@ -59,9 +85,20 @@ def main(argv: list[str] | None = None) -> int:
             cfg = load_config(args.config, args.overrides)
             if getattr(args, "resume", False):
                 cfg.trainer.resume = True
+            from clawr1.runtime import record_whereabouts
+
+            record_whereabouts(cfg)
             return importlib.import_module(LOOPS[args.command][0]).main(cfg)
         if args.command == "run":
             return _run(args)
+        if args.command == "bench":
+            from clawr1.bench import main as bench_main
+
+            return bench_main(args)
+        if args.command == "ingest":
+            from clawr1.ingest import main as ingest_main
+
+            return ingest_main(args)
         if args.command == "init-model":
             return _init_model(args)
         if args.command == "report":
@@ -87,30 +124,37 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args) -> int:
-    from clawr1.supervisor import Supervisor, prepare
-    from clawr1.tinymodel.build import resolve_model_path
+    from clawr1.supervisor import make_supervisor, prepare
+    from clawr1.model_path import resolve_model_path
+    from clawr1.placement import PlacementRefused
     from clawr1.tracking import WandbForwarder
 
     recipe = Path(args.recipe)
     cfg = prepare(load_config(recipe, args.overrides), recipe, args.overwrite, args.resume, args.dry_run)
     if args.dry_run:
-        print(Supervisor(cfg).describe())
+        try:
+            print(make_supervisor(cfg).describe())
+        except PlacementRefused as e:
+            print(f"clawr1: {e}", file=sys.stderr)
+            return 2
         return 0
     print(f"[run] {recipe} -> {cfg.run_dir}", flush=True)
-    print(f"[run] model: {resolve_model_path(cfg.model)}", flush=True)  # builds the tiny model once, here
+    # the tiny model is built once, here; a configured model must be on every node that loads it
+    on_ray_with_own_model = cfg.cluster.backend == "ray" and cfg.model.path
+    print(f"[run] model: {cfg.model.path if on_ray_with_own_model else resolve_model_path(cfg.model)}", flush=True)
     tracker = WandbForwarder(cfg)
     tracker.start()
     try:
-        return Supervisor(cfg, echo=lambda line: print(line, flush=True)).run()
+        return make_supervisor(cfg, echo=lambda line: print(line, flush=True)).run()
     finally:
         tracker.finish()
 
 
 def _init_model(args) -> int:
-    from clawr1.tinymodel.build import ensure_tiny_model
+    from clawr1.model_path import resolve_model_path
 
     cfg = load_config(args.config, args.overrides)
-    path = ensure_tiny_model(cfg.model)
+    path = resolve_model_path(cfg.model)
     if args.out_dir:
         shutil.copytree(path, args.out_dir, dirs_exist_ok=True)
         path = Path(args.out_dir)

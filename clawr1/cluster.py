@@ -1,10 +1,16 @@
-"""GPU partition of one node: which processes of a run see which GPUs.
+"""GPU partition: which processes of a run get which GPUs.
 
-`launch/*.sh` turns NUM_GPUS, ACTOR_GPUS, ROLLOUT_GPUS and PRM_GPUS into the
-`cluster` section (consecutive device indices: actor first, then rollout, then
-PRM). `apply_partition` checks that it adds up and derives the process counts
-from it; `visible_devices` says what CUDA_VISIBLE_DEVICES each process gets.
-With the section empty (CPU) nothing is pinned and nothing is derived.
+One node (cluster.backend=local): `launch/*.sh` turns NUM_GPUS, ACTOR_GPUS,
+ROLLOUT_GPUS and PRM_GPUS into the `cluster` section (consecutive device
+indices: actor first, then rollout, then PRM). `apply_partition` checks that it
+adds up and derives the process counts from it; `visible_devices` says what
+CUDA_VISIBLE_DEVICES each process gets. With the section empty (CPU) nothing is
+pinned and nothing is derived.
+
+A Ray cluster (cluster.backend=ray): GPU counts per role (`cluster.ray`), which
+`apply_partition` checks against the recipe and turns into process counts the
+same way; `bundle_gpus` says how many GPUs each loop's bundle holds, and Ray
+picks the devices (clawr1/placement.py, clawr1/ray_run.py).
 """
 from __future__ import annotations
 
@@ -22,8 +28,6 @@ def _check_disjoint(groups: dict[str, list[int]]) -> None:
     owner: dict[int, str] = {}
     for name, gpus in groups.items():
         for g in gpus:
-            if g < 0:
-                raise ConfigError(f"cluster.{name}: GPU index {g} is negative")
             if g in owner:
                 raise ConfigError(f"GPU {g} is in both cluster.{owner[g]} and cluster.{name}")
             owner[g] = name
@@ -31,9 +35,8 @@ def _check_disjoint(groups: dict[str, list[int]]) -> None:
 
 def apply_partition(cfg: Config) -> Config:
     """Validate the cluster section against the recipe and derive data_parallel and num_engines from it."""
-    if cfg.judge.runs_own_prm and cfg.serve.backend == "embedded" and cfg.judge.llm_api == "openai":
-        raise ConfigError("the PRM engine `clawr1 run` starts is the embedded engine, which serves /generate only: "
-                          "set judge.llm_api=generate, or judge.llm_url to an OpenAI-compatible endpoint")
+    if cfg.cluster.backend == "ray":
+        return _apply_ray_counts(cfg)
     if not is_partitioned(cfg):
         return cfg
     c = cfg.cluster
@@ -90,3 +93,42 @@ def visible_devices(cfg: Config, role: str, index: int = 0) -> Optional[str]:
     if role == "none":
         return ""
     raise ValueError(f"unknown role {role!r}")
+
+
+def _apply_ray_counts(cfg: Config) -> Config:
+    """The Ray backend's GPU counts: the same rules as one node's device lists, without device indices.
+    A count of 0 puts that role on CPU (only the embedded engine can serve there)."""
+    r = cfg.cluster.ray
+    tp = cfg.trainer.tensor_parallel
+    if r.actor_gpus:
+        if r.actor_gpus % tp:
+            raise ConfigError(f"cluster.ray.actor_gpus={r.actor_gpus} is not a multiple of trainer.tensor_parallel={tp}")
+        cfg.trainer.data_parallel = r.actor_gpus // tp
+    engine_tp = cfg.serve.sglang.tp_size
+    if cfg.gateway.engine_urls and r.rollout_gpus:
+        raise ConfigError("cluster.ray.rollout_gpus is set but gateway.engine_urls points at engines run elsewhere")
+    if r.rollout_gpus:
+        if r.rollout_gpus % engine_tp:
+            raise ConfigError(f"cluster.ray.rollout_gpus={r.rollout_gpus} is not a multiple of "
+                              f"serve.sglang.tp_size={engine_tp}")
+        cfg.serve.num_engines = r.rollout_gpus // engine_tp
+    sglang = cfg.serve.backend == "sglang"
+    for needed, count, what in ((not cfg.gateway.engine_urls, r.rollout_gpus, "rollout_gpus"),
+                                (cfg.judge.runs_own_prm, r.prm_gpus, "prm_gpus"),
+                                (cfg.judge.runs_own_teacher, r.teacher_gpus, "teacher_gpus")):
+        if needed and sglang and not count:
+            raise ConfigError(f"SGLang engines need GPUs: set cluster.ray.{what}")
+        if count and not needed:
+            raise ConfigError(f"cluster.ray.{what} is set but this recipe starts no such engine")
+    return cfg
+
+
+def bundle_gpus(cfg: Config, role: str) -> int:
+    """GPUs in one loop's bundle on a Ray cluster: role is trainer (per rank) | engine | prm | teacher | any
+    CPU-only loop."""
+    r = cfg.cluster.ray
+    if role == "trainer":
+        return 1 if r.actor_gpus else 0
+    if role == "engine":
+        return cfg.serve.sglang.tp_size if r.rollout_gpus else 0
+    return {"prm": r.prm_gpus, "teacher": r.teacher_gpus}.get(role, 0)

@@ -1,156 +1,197 @@
-"""One typed config tree for every loop.
+"""One validated config tree for every loop.
 
 A recipe is a YAML file whose keys mirror `Config` below. Every default lives in
 this file. A YAML file may `include:` another (path relative to itself) and
 override parts of it; the command line adds dotted overrides such as
-`trainer.lr=1e-5`. Unknown keys are errors, not silently ignored.
+`trainer.lr=1e-5`. The whole tree is checked once, when it is loaded, before any
+process starts: unknown keys, values outside their choices or ranges and
+settings that contradict each other are refused with the key's dotted name, the
+bad value and what is allowed.
 """
 from __future__ import annotations
 
-import dataclasses
+import difflib
 import os
 import socket
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+PositiveInt = typing.Annotated[int, Field(ge=1)]
+NonNegativeInt = typing.Annotated[int, Field(ge=0)]
+Port = typing.Annotated[int, Field(ge=0, le=65535)]
+Probability = typing.Annotated[float, Field(ge=0.0, le=1.0)]
+NonNegativeFloat = typing.Annotated[float, Field(ge=0.0)]
+PositiveFloat = typing.Annotated[float, Field(gt=0.0)]
 
 
-@dataclass
-class RunConfig:
+class Section(BaseModel):
+    """A config section: unknown keys are errors, and assignments are checked like loaded values."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunConfig(Section):
     dir: str = ""  # everything a run writes lands here; empty: runs/<recipe>-<time> (clawr1 run)
+    # env: `clawr1 rollout` drives rollout.env (white-box); live: no rollout loop, the run trains on whatever
+    # traffic reaches the gateway (any OpenAI client, or `clawr1 ingest`), idles without it, and runs until stopped
+    mode: Literal["env", "live"] = "env"
     seed: int = 0
-    max_steps: int = 8  # trainer steps; each one publishes a weight version
-    startup_timeout_s: float = 300.0  # how long `clawr1 run` waits for a loop to become ready
-    stop_timeout_s: float = 20.0  # SIGTERM grace before SIGKILL
+    max_steps: NonNegativeInt = 8  # trainer steps; each one publishes a weight version; 0: no limit (live runs)
+    progress_every_s: PositiveFloat = 10.0  # live runs: a progress line this often, steps or not
+    startup_timeout_s: PositiveFloat = 300.0  # how long `clawr1 run` waits for a loop to become ready
+    stop_timeout_s: PositiveFloat = 20.0  # SIGTERM grace before SIGKILL
 
 
-@dataclass
-class TinyModelConfig:
+class TinyModelConfig(Section):
     """The tiny Qwen2-architecture model `clawr1 init-model` builds and warm-starts."""
 
-    vocab_size: int = 1024
-    hidden_size: int = 128
-    num_layers: int = 4
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    intermediate_size: int = 384
-    max_position_embeddings: int = 1024
-    rope_theta: float = 10000.0
-    sft_steps: int = 900
-    sft_batch_size: int = 32
-    sft_lr: float = 6e-3
-    sft_examples: int = 6000
+    vocab_size: PositiveInt = 1024
+    hidden_size: PositiveInt = 128
+    num_layers: PositiveInt = 4
+    num_heads: PositiveInt = 4
+    num_kv_heads: PositiveInt = 2
+    intermediate_size: PositiveInt = 384
+    max_position_embeddings: PositiveInt = 1024
+    rope_theta: PositiveFloat = 10000.0
+    sft_steps: PositiveInt = 1800  # half as many gave a model that follows a directive only at the start of its
+    sft_batch_size: PositiveInt = 32  # answer and copies no number from its context (benchmarks/RESULTS.md)
+    sft_lr: PositiveFloat = 6e-3
+    sft_examples: PositiveInt = 10000
     seed: int = 1234
+    # where the warm-start conversations come from: an import path to a function (n, seed) -> [(messages, tools)]
+    warm_start: str = "envs.warmstart:conversations"
 
 
-@dataclass
-class ModelConfig:
+class ModelConfig(Section):
     path: str = ""  # an HF model directory; empty means the tiny model (built on first use)
     cache_dir: str = "~/.cache/clawr1"  # where the tiny model is cached
-    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
 
 
-@dataclass
-class SGLangConfig:
+class SGLangConfig(Section):
     """Flags for `python -m sglang.launch_server` (serve.backend=sglang, GPU machines)."""
 
-    tp_size: int = 1
-    mem_fraction_static: float = 0.0  # 0: SGLang's own default
-    context_length: int = 0  # 0: the model's
+    # the Python of the environment SGLang is installed in (its own: SGLang pins its torch and transformers,
+    # which need not match the trainer's; clawr1 only talks to it over HTTP); empty: this interpreter
+    python: str = ""
+
+    tp_size: PositiveInt = 1
+    mem_fraction_static: typing.Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0  # 0: SGLang's own default
+    context_length: NonNegativeInt = 0  # 0: the model's
     tool_call_parser: str = "qwen25"
     reasoning_parser: str = ""  # e.g. qwen3 for thinking models; empty: none
-    dtype: str = "auto"
-    extra_args: list[str] = field(default_factory=list)  # any further launch_server flags, verbatim
-    startup_timeout_s: float = 900.0
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = "auto"
+    extra_args: list[str] = Field(default_factory=list)  # any further launch_server flags, verbatim
+    startup_timeout_s: PositiveFloat = 900.0
+
+    # Value flags that clawr1 sets from the keys above: extra_args may not repeat them, since argparse
+    # would silently keep the last one and the config would no longer say what runs.
+    MANAGED_FLAGS: typing.ClassVar[frozenset[str]] = frozenset({
+        "--model-path", "--model", "--host", "--port", "--tp-size", "--tensor-parallel-size",
+        "--mem-fraction-static", "--context-length", "--dtype", "--tool-call-parser", "--reasoning-parser",
+        "--weight-version",
+    })
+
+    @model_validator(mode="after")
+    def _no_managed_flags(self) -> "SGLangConfig":
+        for arg in self.extra_args:
+            if arg.split("=", 1)[0] in self.MANAGED_FLAGS:
+                raise ValueError(f"serve.sglang.extra_args sets {arg.split('=', 1)[0]}, which clawr1 sets from the "
+                                 "config; change the config key instead")
+        return self
 
 
-@dataclass
-class ServeConfig:
-    backend: str = "embedded"  # embedded | sglang
+class ServeConfig(Section):
+    backend: Literal["embedded", "sglang"] = "embedded"
     host: str = "127.0.0.1"
-    port: int = 0  # 0: `clawr1 run` picks a free port
-    num_threads: int = 1  # torch threads for the embedded engine
-    max_running_requests: int = 32
-    dtype: str = "float32"
-    num_engines: int = 1  # `clawr1 run` starts this many engines (ports serve.port, extra_ports...)
-    extra_ports: list[int] = field(default_factory=list)  # ports of engines 2..n (filled by `clawr1 run`)
-    sglang: SGLangConfig = field(default_factory=SGLangConfig)
+    port: Port = 0  # 0: `clawr1 run` picks a free port
+    num_threads: PositiveInt = 1  # torch threads for the embedded engine
+    max_running_requests: PositiveInt = 32
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    num_engines: PositiveInt = 1  # `clawr1 run` starts this many engines (ports serve.port, extra_ports...)
+    extra_ports: list[Port] = Field(default_factory=list)  # ports of engines 2..n (filled by `clawr1 run`)
+    sglang: SGLangConfig = Field(default_factory=SGLangConfig)
 
 
-@dataclass
-class GatewayConfig:
+class GatewayConfig(Section):
     host: str = "127.0.0.1"
-    port: int = 0
-    engine_urls: list[str] = field(default_factory=list)  # empty: the run's own engine
-    session_ttl_s: float = 900.0
-    max_sessions: int = 4096
-    max_session_tokens: int = 20_000_000  # token ids held by all sessions together (memory pressure bound)
-    max_request_bytes: int = 1_000_000
-    max_prompt_tokens: int = 4096
-    default_max_tokens: int = 256
-    max_completion_tokens: int = 4096  # larger max_tokens requests get a 400
-    judge_queue_size: int = 4096  # bounded queue of TurnRecords waiting for the judge
+    port: Port = 0
+    engine_urls: list[str] = Field(default_factory=list)  # empty: the run's own engine
+    session_ttl_s: PositiveFloat = 900.0
+    max_sessions: PositiveInt = 4096
+    max_session_tokens: PositiveInt = 20_000_000  # token ids held by all sessions together (memory pressure bound)
+    max_request_bytes: PositiveInt = 1_000_000
+    max_prompt_tokens: PositiveInt = 4096
+    default_max_tokens: PositiveInt = 256
+    max_completion_tokens: PositiveInt = 4096  # larger max_tokens requests get a 400
+    judge_queue_size: PositiveInt = 4096  # bounded queue of TurnRecords waiting for the judge
     api_key_env: str = "CLAWR1_API_KEY"  # name of the environment variable holding the key
     api_key_file: str = ""  # or a file holding it
     model_name: str = "clawr1-policy"
 
 
-@dataclass
-class RolloutConfig:
+class RolloutConfig(Section):
     env: str = "envs.personal.env:PersonalEnv"  # import path of the environment class
-    env_args: dict[str, Any] = field(default_factory=dict)  # passed to the environment
-    concurrency: int = 8  # simulated users / episodes in flight
-    max_tokens: int = 48
-    temperature: float = 1.0
-    top_p: float = 1.0
+    env_args: dict[str, Any] = Field(default_factory=dict)  # passed to the environment
+    concurrency: PositiveInt = 8  # simulated users / episodes in flight
+    max_tokens: PositiveInt = 48
+    temperature: NonNegativeFloat = 1.0
+    top_p: typing.Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     # start new episodes only while the pool holds fewer pending samples than this (0: no bound, as for
     # live traffic); keeps synthetic rollout from running far ahead of the trainer
-    max_pool_backlog: int = 0
-    eval_every: int = 0  # evaluate held-out tasks every k weight versions (0: never)
-    eval_size: int = 32
-    request_timeout_s: float = 120.0
+    max_pool_backlog: NonNegativeInt = 0
+    eval_every: NonNegativeInt = 0  # evaluate held-out tasks every k weight versions (0: never)
+    eval_size: PositiveInt = 32
+    request_timeout_s: PositiveFloat = 120.0
 
 
-@dataclass
-class JudgeConfig:
-    backend: str = "rules"  # rules | llm | env
+class JudgeConfig(Section):
+    backend: Literal["rules", "llm", "env"] = "rules"
     host: str = "127.0.0.1"
-    port: int = 0  # gateway -> judge TurnRecords (PUSH/PULL)
-    teacher: str = "policy"  # policy (self-distillation) | frozen | none
-    teacher_url: str = ""  # frozen teacher engine; empty with teacher=frozen: `clawr1 run` starts one on the base weights
-    teacher_port: int = 0  # port of that engine (filled by `clawr1 run`)
-    teacher_topk: int = 0  # also record the teacher's top-k log-probs per token (for algo.w_topk); 0: off
-    concurrency: int = 8
+    port: Port = 0  # gateway -> judge TurnRecords (PUSH/PULL)
+    # policy: self-distillation (the serving policy); frozen: the base weights; lagged: the policy's weights of at most
+    # teacher_lag versions ago (an anchor that does not move with every step); none: no teacher
+    teacher: Literal["policy", "frozen", "lagged", "none"] = "policy"
+    teacher_lag: PositiveInt = 10  # lagged: the trainer refreshes the teacher every this many versions
+    teacher_url: str = ""  # frozen/lagged teacher engine; empty: `clawr1 run` starts one on the base weights
+    teacher_port: Port = 0  # port of that engine (filled by `clawr1 run`)
+    teacher_topk: NonNegativeInt = 0  # also record the teacher's top-k log-probs per token (for algo.w_topk); 0: off
+    concurrency: PositiveInt = 8
     # a next user message matching any of these says the turn was wrong (score -1)
-    correction_patterns: list[str] = field(
+    correction_patterns: list[str] = Field(
         default_factory=lambda: [r"^\s*no\b", r"\bi asked\b", r"\bwrong\b", r"\bnot what\b", r"\bagain\b"]
     )
     # sentences matching these say what to do instead; they become the hint (and also score -1)
-    directive_patterns: list[str] = field(
+    directive_patterns: list[str] = Field(
         default_factory=lambda: [r"\bplease\b", r"\binstead\b", r"\bi want\b", r"\bi prefer\b", r"\bdon't\b",
                                  r"\bdo not\b", r"\bshould\b", r"\bmust\b", r"\bneed to\b"]
     )
-    max_hint_chars: int = 400
+    max_hint_chars: PositiveInt = 400
+    # an imperfect judge on purpose: each score is flipped with probability score_noise (a PRM that is right
+    # 1 - score_noise of the time), or replaced by 0 with probability score_abstain; hints are kept as they are
+    score_noise: Probability = 0.0
+    score_abstain: Probability = 0.0
     # llm backend (and the PRM step score of the env backend): any OpenAI-compatible endpoint, or SGLang /generate
     llm_url: str = ""  # e.g. http://prm-host:30000/v1 (openai) or http://prm-host:30000 (generate)
-    llm_api: str = "openai"  # openai | generate (text prompt rendered in ChatML)
+    llm_api: Literal["openai", "generate"] = "openai"  # generate: a text prompt rendered in ChatML
     llm_model: str = "default"
     llm_api_key_env: str = "CLAWR1_JUDGE_API_KEY"  # environment variable holding the endpoint's key, if any
-    votes: int = 3  # m evaluation votes and m hint votes per turn, run concurrently
-    last_k_turns: int = 4  # the judge sees this many messages before the turn
-    vote_temperature: float = 0.6
-    vote_max_tokens: int = 512
-    min_hint_chars: int = 10
+    votes: PositiveInt = 3  # m evaluation votes and m hint votes per turn, run concurrently
+    last_k_turns: PositiveInt = 4  # the judge sees this many messages before the turn
+    vote_temperature: NonNegativeFloat = 0.6
+    vote_max_tokens: PositiveInt = 512
+    min_hint_chars: NonNegativeInt = 10
     # env backend
-    env_reward: str = "last_turn"  # last_turn | all_turns (every turn of the session gets the outcome)
-    prm_coef: float = 0.0  # > 0: add prm_coef * (PRM majority vote) to each turn's reward (needs llm_url)
-    max_held_sessions: int = 10_000  # all_turns: sessions whose turns wait for their outcome
+    env_reward: Literal["last_turn", "all_turns"] = "last_turn"  # all_turns: every turn of the session gets the outcome
+    prm_coef: NonNegativeFloat = 0.0  # > 0: add prm_coef * (PRM majority vote) to each turn's reward (needs a PRM)
+    max_held_sessions: PositiveInt = 10_000  # all_turns: sessions whose turns wait for their outcome
     # with llm_url empty, `clawr1 run` starts a PRM engine itself (on cluster.prm_gpus when given)
     prm_model_path: str = ""  # the PRM engine's model; empty: model.path (the policy's base model)
-    prm_port: int = 0  # port of that engine (filled by `clawr1 run`)
+    prm_port: Port = 0  # port of that engine (filled by `clawr1 run`)
 
     @property
     def needs_llm(self) -> bool:
@@ -163,117 +204,211 @@ class JudgeConfig:
 
     @property
     def runs_own_teacher(self) -> bool:
-        """`clawr1 run` starts the frozen teacher engine: one is needed and none is configured."""
-        return self.teacher == "frozen" and not self.teacher_url
+        """`clawr1 run` starts the teacher engine: one is needed (frozen or lagged) and none is configured."""
+        return self.teacher in ("frozen", "lagged") and not self.teacher_url
 
 
-@dataclass
-class PoolConfig:
+class PoolConfig(Section):
     host: str = "127.0.0.1"
-    samples_port: int = 0  # judge -> pool (acked once durable)
-    batches_port: int = 0  # trainer <-> pool
-    batch_size: int = 16
-    max_staleness: int = 4  # drop samples whose oldest token is older than this many versions
+    samples_port: Port = 0  # judge -> pool (acked once durable)
+    batches_port: Port = 0  # trainer <-> pool
+    batch_size: PositiveInt = 16
+    max_staleness: NonNegativeInt = 4  # drop samples whose oldest token is older than this many versions
     fsync: bool = True
-    max_pending: int = 100_000  # refuse (nack) new samples beyond this backlog
-    group_size: int = 1  # a group (same group_id) is batched once it has this many samples...
-    group_timeout_s: float = 60.0  # ...or once its first sample is this old
+    max_pending: PositiveInt = 100_000  # refuse (nack, retry later) new samples beyond this backlog
+    group_size: PositiveInt = 1  # a group (same group_id) is batched once it has this many samples...
+    group_timeout_s: PositiveFloat = 60.0  # ...or once its first sample is this old
 
 
-@dataclass
-class TrainerConfig:
-    lr: float = 1e-4
-    lr_schedule: str = "constant"  # constant | cosine (linear warmup, then cosine down to min_lr_ratio * lr)
-    warmup_steps: int = 0
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.0  # applied to matrices only, not to norms and biases
-    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    adam_eps: float = 1e-8
-    grad_clip: float = 1.0  # max global grad norm (0: no clipping)
-    max_tokens_per_microbatch: int = 4096
-    logprob_chunk_tokens: int = 1024  # log-probs are computed this many tokens at a time
-    num_threads: int = 1
-    tensor_parallel: int = 1
-    data_parallel: int = 1
-    precision: str = "fp32"  # fp32 | bf16 (bf16 needs CUDA)
-    transformer_engine: str = "auto"  # auto (use it when CUDA and TE are present) | on | off
+class TrainerConfig(Section):
+    lr: PositiveFloat = 1e-4
+    lr_schedule: Literal["constant", "cosine"] = "constant"  # cosine: linear warmup, then down to min_lr_ratio * lr
+    warmup_steps: NonNegativeInt = 0
+    min_lr_ratio: Probability = 0.1
+    weight_decay: NonNegativeFloat = 0.0  # applied to matrices only, not to norms and biases
+    adam_betas: typing.Annotated[list[typing.Annotated[float, Field(ge=0.0, lt=1.0)]],
+                                 Field(min_length=2, max_length=2)] = Field(default_factory=lambda: [0.9, 0.999])
+    adam_eps: PositiveFloat = 1e-8
+    grad_clip: NonNegativeFloat = 1.0  # max global grad norm (0: no clipping)
+    max_tokens_per_microbatch: PositiveInt = 4096
+    logprob_chunk_tokens: PositiveInt = 1024  # log-probs are computed this many tokens at a time
+    num_threads: PositiveInt = 1
+    tensor_parallel: PositiveInt = 1
+    data_parallel: PositiveInt = 1
+    precision: Literal["fp32", "bf16"] = "fp32"  # bf16 needs CUDA
+    transformer_engine: Literal["auto", "on", "off"] = "auto"  # auto: use it when CUDA and TE are present
     host: str = "127.0.0.1"
-    publish_port: int = 0  # PUB socket announcing WeightsPublished
-    keep_weight_versions: int = 2  # how many published weight directories stay on disk
-    weight_sync: str = "disk"  # disk (safetensors + /update_weights_from_disk) | nccl (SGLang distributed update)
-    weight_sync_bucket_mb: int = 512  # nccl: tensors per /update_weights_from_distributed call, by size
-    checkpoint_every: int = 0  # steps between checkpoints; 0: never (each batch is committed right after its step)
-    keep_checkpoints: int = 2
+    publish_port: Port = 0  # PUB socket announcing WeightsPublished
+    keep_weight_versions: PositiveInt = 2  # how many published weight directories stay on disk
+    # disk: safetensors in RUN_DIR/weights + /update_weights_from_disk (the engines must see that directory);
+    # http: the safetensors bytes streamed into each embedded engine's /update_weights_from_tensor (no shared disk;
+    # the default with cluster.backend=ray and embedded engines); nccl: SGLang's distributed update
+    weight_sync: Literal["disk", "http", "nccl"] = "disk"
+    weight_sync_bucket_mb: PositiveInt = 512  # nccl: tensors per /update_weights_from_distributed call, by size
+    checkpoint_every: NonNegativeInt = 0  # steps between checkpoints; 0: never (each batch is committed right after its step)
+    keep_checkpoints: PositiveInt = 2
     resume: bool = False  # continue from the newest checkpoint in the run directory
-    batch_wait_timeout_s: float = 600.0  # fail loudly if no batch arrives for this long
+    batch_wait_timeout_s: PositiveFloat = 600.0  # fail loudly if no batch arrives for this long (0 steps limit: wait forever)
 
 
-@dataclass
-class AlgoConfig:
+class AlgoConfig(Section):
     """The objective. Recipes differ only here (and in whether the judge computes a teacher)."""
 
     # weights of the three signals: A = w_rl * A_rl + w_opd * A_opd per token; w_topk scales the top-k KL loss
-    w_rl: float = 1.0
-    w_opd: float = 1.0
-    w_topk: float = 0.0
+    w_rl: NonNegativeFloat = 1.0
+    w_opd: NonNegativeFloat = 1.0
+    w_topk: NonNegativeFloat = 0.0
+    # OPD advantage shaping: sample: minus each sample's mean gap (no length bias from a less confident teacher);
+    # none: the raw gap, as OpenClaw-RL; opd_clip > 0 bounds every token's OPD advantage to [-opd_clip, opd_clip]
+    opd_center: Literal["none", "sample"] = "none"
+    opd_clip: NonNegativeFloat = 0.0
     # scalar-reward baseline: group (GRPO: minus the group mean, / std if normalize_std) | none (raw reward)
-    baseline: str = "group"
+    baseline: Literal["group", "none"] = "group"
     normalize_std: bool = True
-    singleton_baseline: str = "ema"  # groups of one (live traffic): ema (per-task running mean) | none
-    ema_decay: float = 0.9
+    singleton_baseline: Literal["ema", "none"] = "ema"  # groups of one (live traffic): ema (per-task running mean)
+    ema_decay: typing.Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
     # PPO clipped surrogate
-    eps_clip_low: float = 0.2
-    eps_clip_high: float = 0.28  # "clip-higher": a larger upper bound keeps exploration alive
-    dual_clip: float = 0.0  # c > 1 caps the loss of negative-advantage tokens at -c*A; 0: off
-    loss_aggregation: str = "token-mean"  # token-mean | seq-mean-token-mean
-    ppo_epochs: int = 1  # passes over each batch
-    minibatches: int = 1  # optimizer steps per pass (the batch is split into this many parts)
+    eps_clip_low: typing.Annotated[float, Field(ge=0.0, lt=1.0)] = 0.2
+    eps_clip_high: NonNegativeFloat = 0.28  # "clip-higher": a larger upper bound keeps exploration alive
+    dual_clip: NonNegativeFloat = 0.0  # c > 1 caps the loss of negative-advantage tokens at -c*A; 0: off
+    loss_aggregation: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
+    ppo_epochs: PositiveInt = 1  # passes over each batch
+    minibatches: PositiveInt = 1  # optimizer steps per pass (the batch is split into this many parts)
     # regularizers
-    kl_coef: float = 0.0  # KL to the frozen initial policy; 0: no reference model is kept
-    kl_estimator: str = "k3"  # k1 | k2 | k3
-    entropy_coef: float = 0.0  # bonus: the loss subtracts entropy_coef * entropy
+    kl_coef: NonNegativeFloat = 0.0  # KL to the frozen initial policy; 0: no reference model is kept
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    entropy_coef: NonNegativeFloat = 0.0  # bonus: the loss subtracts entropy_coef * entropy
     # off-policy correction
-    tis_cap: float = 2.0  # truncated importance sampling cap on pi_old/pi_rollout; 0: off
-    max_staleness: int = -1  # the trainer also drops samples older than this many versions; -1: leave it to the pool
-    temperature: float = 1.0  # must equal the sampling temperature the log-probs were taken at
+    tis_cap: NonNegativeFloat = 2.0  # truncated importance sampling cap on pi_old/pi_rollout; 0: off
+    max_staleness: typing.Annotated[int, Field(ge=-1)] = -1  # the trainer also drops samples older than this; -1: leave it to the pool
+
+    @model_validator(mode="after")
+    def _dual_clip_above_one(self) -> "AlgoConfig":
+        if self.dual_clip and self.dual_clip <= 1.0:
+            raise ValueError(f"algo.dual_clip must be 0 (off) or > 1, got {self.dual_clip}")
+        return self
 
 
-@dataclass
-class ClusterConfig:
-    """Which GPUs of this node each part of the run uses; launch/*.sh fills it from ACTOR_GPUS etc.
+Strategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]  # Ray's placement group strategies
+RAY_ROLES = ("trainer", "engine", "prm", "teacher", "gateway", "judge", "pool", "rollout")
 
+
+class RayPlacementConfig(Section):
+    """How a run is placed on a Ray cluster (cluster.backend=ray); see clawr1/placement.py.
+
+    GPU counts, not device indices: a role's GPUs may span nodes. Every loop gets one bundle: a trainer rank one
+    GPU, a policy engine serve.sglang.tp_size GPUs, the PRM and teacher engines all of theirs, the other loops none.
+    """
+
+    actor_gpus: NonNegativeInt = 0  # trainer GPUs, one per rank (data_parallel = actor_gpus / tensor_parallel); 0: CPU ranks
+    rollout_gpus: NonNegativeInt = 0  # policy engines, tp_size GPUs each (num_engines derived); 0: CPU engines
+    prm_gpus: NonNegativeInt = 0  # the PRM engine `clawr1 run` starts for the llm judge; 0: on CPU
+    teacher_gpus: NonNegativeInt = 0  # the frozen/lagged teacher engine; 0: on CPU
+    cpus_per_loop: PositiveFloat = 1.0  # CPUs each bundle reserves for its loop's process
+    trainer_strategy: Strategy = "PACK"  # trainer ranks close together (NCCL within a node where they fit)
+    engine_strategy: Strategy = "SPREAD"  # policy, PRM and teacher engines over the nodes
+    loop_strategy: Strategy = "PACK"  # gateway, judge, pool, rollout
+    # extra Ray resources a role's bundles ask for: a node started with `ray start --resources='{"trainer_node": 1}'`
+    # and {trainer: {trainer_node: 0.01}} here keeps every trainer rank on such nodes
+    resources: dict[str, dict[str, PositiveFloat]] = Field(default_factory=dict)
+    placement_timeout_s: PositiveFloat = 120.0  # how long the run waits for Ray to reserve its bundles
+
+    @model_validator(mode="after")
+    def _known_roles(self) -> "RayPlacementConfig":
+        unknown = sorted(set(self.resources) - set(RAY_ROLES))
+        if unknown:
+            raise ValueError(f"cluster.ray.resources: unknown role {unknown[0]!r}; roles: {', '.join(RAY_ROLES)}")
+        return self
+
+    @property
+    def gpu_counts(self) -> dict[str, int]:
+        return {"actor_gpus": self.actor_gpus, "rollout_gpus": self.rollout_gpus, "prm_gpus": self.prm_gpus,
+                "teacher_gpus": self.teacher_gpus}
+
+
+class ClusterConfig(Section):
+    """Where the run's processes go. backend=local (default): this machine, `clawr1 run` starts every loop
+    as a child process; backend=ray: the loops are placed on a Ray cluster (clawr1/ray_run.py).
+
+    Local: which GPUs of this node each part of the run uses; launch/*.sh fills it from ACTOR_GPUS etc.
     All empty: nothing is pinned (CPU, or one GPU shared). Otherwise `clawr1 run` gives every process it
     starts its CUDA_VISIBLE_DEVICES from here, and derives trainer.data_parallel (actor GPUs /
     trainer.tensor_parallel) and serve.num_engines (rollout GPUs / serve.sglang.tp_size). See clawr1/cluster.py.
     """
 
-    actor_gpus: list[int] = field(default_factory=list)  # trainer ranks, one GPU each
-    rollout_gpus: list[int] = field(default_factory=list)  # policy engines (SGLang), tp_size GPUs each
-    prm_gpus: list[int] = field(default_factory=list)  # the PRM engine of the llm judge, tensor-parallel over all
-    teacher_gpus: list[int] = field(default_factory=list)  # the frozen teacher engine (judge.teacher=frozen)
+    backend: Literal["local", "ray"] = "local"
+    ray_address: str = ""  # ray: the cluster to join; empty: the RAY_ADDRESS environment variable
+    ray: RayPlacementConfig = Field(default_factory=RayPlacementConfig)
+    actor_gpus: list[NonNegativeInt] = Field(default_factory=list)  # trainer ranks, one GPU each
+    rollout_gpus: list[NonNegativeInt] = Field(default_factory=list)  # policy engines (SGLang), tp_size GPUs each
+    prm_gpus: list[NonNegativeInt] = Field(default_factory=list)  # the llm judge's PRM engine, tensor-parallel over all
+    teacher_gpus: list[NonNegativeInt] = Field(default_factory=list)  # the frozen teacher engine (judge.teacher=frozen)
+
+    @model_validator(mode="after")
+    def _one_kind_of_gpu_list(self) -> "ClusterConfig":
+        local = [k for k in ("actor_gpus", "rollout_gpus", "prm_gpus", "teacher_gpus") if getattr(self, k)]
+        if self.backend == "ray" and local:
+            raise ValueError(f"cluster.{local[0]} lists device indices of one node; with cluster.backend=ray give a "
+                             f"GPU count instead: cluster.ray.{local[0]}")
+        counted = [k for k, n in self.ray.gpu_counts.items() if n]
+        if self.backend == "local" and counted:
+            raise ValueError(f"cluster.ray.{counted[0]} is set but cluster.backend=local; set cluster.backend=ray "
+                             f"(or give this node's devices in cluster.{counted[0]})")
+        return self
 
 
-@dataclass
-class TrackingConfig:
-    wandb_mode: str = "offline"  # offline | online | disabled; the key comes from WANDB_API_KEY
+class TrackingConfig(Section):
+    wandb_mode: Literal["offline", "online", "disabled"] = "offline"  # the key comes from WANDB_API_KEY
     project: str = "clawr1"
     entity: str = ""
     name: str = ""
 
 
-@dataclass
-class Config:
-    run: RunConfig = field(default_factory=RunConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    serve: ServeConfig = field(default_factory=ServeConfig)
-    gateway: GatewayConfig = field(default_factory=GatewayConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    judge: JudgeConfig = field(default_factory=JudgeConfig)
-    pool: PoolConfig = field(default_factory=PoolConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    algo: AlgoConfig = field(default_factory=AlgoConfig)
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
-    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+class Config(Section):
+    run: RunConfig = Field(default_factory=RunConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    serve: ServeConfig = Field(default_factory=ServeConfig)
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    judge: JudgeConfig = Field(default_factory=JudgeConfig)
+    pool: PoolConfig = Field(default_factory=PoolConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Config":
+        """Settings that are each valid but contradict each other."""
+        r, j = self.rollout, self.judge
+        if (self.cluster.backend == "ray" and self.serve.backend == "embedded" and j.teacher != "lagged"
+                and "weight_sync" not in self.trainer.model_fields_set):
+            self.trainer.weight_sync = "http"  # no disk shared with the engines is needed
+        if self.run.mode == "env" and not self.run.max_steps:
+            raise ValueError("run.max_steps=0 (no limit) is for live runs (run.mode=live); an env run needs a step count")
+        if r.max_pool_backlog and r.max_pool_backlog < self.pool.batch_size:
+            raise ValueError(f"rollout.max_pool_backlog ({r.max_pool_backlog}) must be 0 or at least pool.batch_size "
+                             f"({self.pool.batch_size}), or the trainer would wait forever")
+        if j.runs_own_prm and self.serve.backend == "embedded" and j.llm_api == "openai":
+            raise ValueError("the PRM engine `clawr1 run` starts is the embedded engine, which serves /generate only: "
+                             "set judge.llm_api=generate, or judge.llm_url to an OpenAI-compatible endpoint")
+        if j.teacher == "lagged" and self.trainer.weight_sync != "disk":
+            raise ValueError("judge.teacher=lagged is refreshed from the published weight directories: it needs "
+                             "trainer.weight_sync=disk")
+        if j.score_noise + j.score_abstain > 1:
+            raise ValueError(f"judge.score_noise + judge.score_abstain must be at most 1, got "
+                             f"{j.score_noise} + {j.score_abstain}")
+        if self.algo.w_topk and not j.teacher_topk:
+            raise ValueError("algo.w_topk > 0 needs the judge to record the teacher's top-k: set judge.teacher_topk")
+        if (self.algo.w_opd or self.algo.w_topk) and j.teacher == "none":
+            raise ValueError("algo.w_opd or algo.w_topk > 0 needs a teacher: set judge.teacher to policy or frozen "
+                             "(or the weights to 0)")
+        if self.trainer.weight_sync == "nccl" and self.serve.backend != "sglang" and not self.gateway.engine_urls:
+            raise ValueError("trainer.weight_sync=nccl pushes into SGLang engines: set serve.backend=sglang")
+        if self.trainer.weight_sync == "http" and self.serve.backend != "embedded":
+            raise ValueError("trainer.weight_sync=http streams safetensors into the embedded engine's "
+                             "/update_weights_from_tensor; SGLang engines take trainer.weight_sync=nccl or disk")
+        return self
 
     # ---- derived addresses, so every loop finds every other from the same tree ----
     @property
@@ -293,7 +428,7 @@ class Config:
     @property
     def teacher_engine_url(self) -> str:
         """Where the judge scores hint-enhanced prompts."""
-        if self.judge.teacher == "frozen":
+        if self.judge.teacher in ("frozen", "lagged"):
             return self.judge.teacher_url or f"http://{self.serve.host}:{self.judge.teacher_port}"
         return self.engine_urls[0]
 
@@ -332,45 +467,53 @@ class ConfigError(ValueError):
     """A config file or override that does not fit the tree."""
 
 
-def _convert(value: Any, annotation: Any, where: str) -> Any:
-    origin = typing.get_origin(annotation)
-    if dataclasses.is_dataclass(annotation):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
-        return _build(annotation, value, where)
-    if annotation is Any:
-        return value
-    if origin is list:
-        if not isinstance(value, list):
-            raise ConfigError(f"{where}: expected a list, got {value!r}")
-        (item_type,) = typing.get_args(annotation) or (Any,)
-        return [_convert(v, item_type, f"{where}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
-        return dict(value)
-    if annotation is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if annotation is float and isinstance(value, str):  # YAML 1.1 reads "1e-5" as a string
-        try:
-            return float(value)
-        except ValueError:
-            pass
-    if annotation in (int, float, str, bool):
-        if not isinstance(value, annotation) or (annotation is int and isinstance(value, bool)):
-            raise ConfigError(f"{where}: expected {annotation.__name__}, got {value!r}")
-        return value
-    return value
+# ---------------------------------------------------------------- error messages
 
 
-def _build(cls: type, data: dict, where: str = "") -> Any:
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ConfigError(f"unknown config key(s) {', '.join((where + '.' if where else '') + k for k in unknown)}")
-    kwargs = {k: _convert(v, hints[k], f"{where}.{k}" if where else k) for k, v in data.items()}
-    return cls(**kwargs)
+def _section_at(loc: tuple) -> type[BaseModel] | None:
+    """The section class a location's last key belongs to (None when the path leaves the tree)."""
+    cls: Any = Config
+    for key in loc[:-1]:
+        if not (isinstance(cls, type) and issubclass(cls, BaseModel)) or key not in cls.model_fields:
+            return None
+        cls = cls.model_fields[key].annotation
+    return cls if isinstance(cls, type) and issubclass(cls, BaseModel) else None
+
+
+def _choices(loc: tuple) -> list[str]:
+    section = _section_at(loc)
+    if section is None or loc[-1] not in section.model_fields:
+        return []
+    annotation = section.model_fields[loc[-1]].annotation
+    return [str(v) for v in typing.get_args(annotation)] if typing.get_origin(annotation) is Literal else []
+
+
+def _describe(error: dict) -> str:
+    """One line for one pydantic error: the dotted key, the bad value, and what is allowed."""
+    loc = tuple(error["loc"])
+    where = ".".join(str(p) for p in loc) or "config"
+    kind, value = error["type"], error.get("input")
+    if kind == "extra_forbidden":
+        section = _section_at(loc)
+        known = sorted(section.model_fields) if section else []
+        close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        hint = f" (did you mean {'.'.join(str(p) for p in loc[:-1] + (close[0],))}?)" if close else ""
+        return f"unknown key {where}{hint}; keys here: {', '.join(known)}"
+    if kind == "literal_error":
+        return f"{where}: {value!r} is not allowed; choose one of: {', '.join(_choices(loc))}"
+    if kind == "value_error":  # our own checks: their messages name the keys
+        return str(error["msg"]).removeprefix("Value error, ")
+    return f"{where}: {error['msg'].removeprefix('Value error, ')} (got {value!r})"
+
+
+def _validated(cls: type[BaseModel], data: dict) -> Any:
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError("; ".join(_describe(err) for err in e.errors(include_url=False))) from None
+
+
+# ---------------------------------------------------------------- loading
 
 
 def _deep_merge(base: dict, over: dict) -> dict:
@@ -400,7 +543,10 @@ def parse_override(text: str) -> dict:
     if "=" not in text:
         raise ConfigError(f"override {text!r} is not of the form key.path=value")
     key, raw = text.split("=", 1)
-    value = yaml.safe_load(raw) if raw != "" else ""
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {text!r}: the value is not valid YAML: {e}") from None
     out: dict = {}
     node = out
     parts = key.strip().split(".")
@@ -411,14 +557,15 @@ def parse_override(text: str) -> dict:
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> Config:
+    """The recipe at `path` (or the defaults) with dotted overrides, validated as a whole (ConfigError)."""
     data = _read_yaml(Path(path)) if path else {}
     for o in overrides or []:
         data = _deep_merge(data, parse_override(o))
-    return _build(Config, data)
+    return _validated(Config, data)
 
 
-def to_dict(cfg: Config) -> dict:
-    return dataclasses.asdict(cfg)
+def to_dict(cfg: BaseModel) -> dict:
+    return cfg.model_dump(mode="json")
 
 
 def save_config(cfg: Config, path: str | os.PathLike) -> None:

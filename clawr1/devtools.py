@@ -8,9 +8,9 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 
 from clawr1.config import Config, assign_free_ports, load_config, save_config
+from clawr1.runtime import wait_http
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,17 +36,10 @@ class LoopProcess:
                                      env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, start_new_session=True)
 
     def wait_http(self, url: str, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"process exited early:\n{self.log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(url, timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        raise TimeoutError(f"{url} not healthy:\n{self.log_path.read_text()[-3000:]}")
+        try:
+            wait_http(url, self.proc, timeout)
+        except RuntimeError as e:
+            raise RuntimeError(f"{e}:\n{self.log_path.read_text()[-3000:]}") from None
 
     def wait_file(self, path: Path, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout

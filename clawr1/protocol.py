@@ -11,7 +11,7 @@ from typing import Any, Optional, Union
 
 import msgspec
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _HEADER_PREFIX = b"clawr1/"
 
 
@@ -38,8 +38,9 @@ class TurnRecord(msgspec.Struct, tag=True, kw_only=True):
     main: bool = True
     prompt_ids: list[int]
     response_ids: list[int]
-    rollout_logprobs: list[float]  # one per response token
+    rollout_logprobs: list[float]  # one per response token, log_softmax(logits / temperature)
     versions: list[int]  # weight version that produced each response token
+    temperature: float = 1.0  # the sampling temperature the log-probs were taken at (greedy: 1)
     messages: list[dict[str, Any]]  # as the client sent them
     tools: Optional[list[dict[str, Any]]] = None
     response_text: str = ""
@@ -49,6 +50,7 @@ class TurnRecord(msgspec.Struct, tag=True, kw_only=True):
     task_id: str = ""  # the task this turn belongs to, for per-task baselines (X-Task-Id)
     created_at: float = 0.0  # when the engine finished the turn (unix time)
     sent_at: float = 0.0  # when its next state arrived and the gateway queued it for the judge
+    ingested: bool = False  # from a pre-collected log: tokens rendered from text, log-probs scored afterwards
 
 
 class Sample(msgspec.Struct, tag=True, kw_only=True):
@@ -65,8 +67,10 @@ class Sample(msgspec.Struct, tag=True, kw_only=True):
     loss_mask: list[int]
     rollout_logprobs: list[float]
     versions: list[int]
+    temperature: float = 1.0  # sampling temperature: rollout log-probs are at it, the trainer recomputes at it
     reward: Optional[float] = None
     teacher_logprobs: Optional[list[float]] = None
+    teacher_temperature: float = 1.0  # the temperature the teacher log-probs were taken at
     teacher_topk_ids: Optional[list[list[int]]] = None  # per response token: the teacher's k most likely ids
     teacher_topk_logprobs: Optional[list[list[float]]] = None  # and their log-probs
     teacher_version: Optional[int] = None
@@ -76,6 +80,7 @@ class Sample(msgspec.Struct, tag=True, kw_only=True):
     session_id: str = ""
     turn_index: int = 0
     created_at: float = 0.0
+    ingested: bool = False  # from a pre-collected log: off-policy by nature, so never dropped as stale
 
     @property
     def response_len(self) -> int:
@@ -84,6 +89,9 @@ class Sample(msgspec.Struct, tag=True, kw_only=True):
     def check(self) -> None:
         """Raise ValueError when the per-token lists do not line up with the tokens."""
         n = self.response_len
+        if not self.temperature > 0 or not self.teacher_temperature > 0:
+            raise ValueError(f"sample {self.sample_id}: temperatures must be > 0 (sampling {self.temperature}, "
+                             f"teacher {self.teacher_temperature})")
         if self.prompt_len < 1 or n < 1:
             raise ValueError(f"sample {self.sample_id}: needs a prompt and a response (prompt_len={self.prompt_len}, tokens={len(self.tokens)})")
         for name in ("loss_mask", "rollout_logprobs", "versions"):
@@ -101,9 +109,12 @@ class Sample(msgspec.Struct, tag=True, kw_only=True):
 
 
 class Ack(msgspec.Struct, tag=True, kw_only=True):
+    """The pool's answer to a Sample: durable (ok), or refused; `retry` says whether sending it again later may work."""
+
     id: str
     ok: bool = True
     error: str = ""
+    retry: bool = False
 
 
 class BatchRequest(msgspec.Struct, tag=True, kw_only=True):

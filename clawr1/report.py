@@ -1,10 +1,11 @@
 """`clawr1 report RUN_DIR [RUN_DIR ...]`: the runs' curves in one PNG and a short markdown table.
 
-Curves (x: trainer step / weight version): mean reward, personalization score
-(held-out evaluation), KL (to the reference if kept, else from the sampling policy to
-the trained one: the off-policy gap),
-entropy, hint rate, staleness. Table: per run, the objective, the score before
-and after training, and the wall time; and the personalization score of every run at every evaluated version.
+Curves (x: trainer step / weight version): mean reward, the environment's held-out
+score (the headline metric each evaluation record names in `eval_metric`, e.g. the
+personalization score), KL (to the reference if kept, else from the sampling policy to
+the trained one: the off-policy gap), entropy, hint rate, staleness. Table: per run,
+the objective, the score before and after training, and the wall time; and the score
+of every run at every evaluated version.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import yaml
 
 from clawr1.tracking import read_metrics
 
-PANELS = [("reward_mean", "mean reward"), ("personalization_score", "personalization score (held-out)"),
+PANELS = [("reward_mean", "mean reward"), ("score", "held-out score"),
           ("kl", "KL (to reference if kept, else behaviour || trained)"), ("entropy", "entropy"), ("hint_rate", "hint rate"),
           ("staleness_mean", "staleness (versions)")]
 
@@ -27,6 +28,7 @@ class RunCurves:
     objective: str
     series: dict[str, list[tuple[int, float]]]
     wall_s: float
+    score_name: str = "score"  # the environment's headline metric
 
     def last(self, key: str) -> Optional[float]:
         return self.series[key][-1][1] if self.series.get(key) else None
@@ -52,42 +54,50 @@ def load_run(run_dir: Path) -> RunCurves:
     if not rows:
         raise FileNotFoundError(f"{run_dir} has no metrics.jsonl (is it a clawr1 run directory?)")
     series: dict[str, list[tuple[int, float]]] = {k: [] for k, _ in PANELS}
+    score_name = "score"
     for r in rows:
         if r.get("loop") == "trainer" and "pg_loss" in r:
             for key in ("reward_mean", "entropy", "hint_rate", "staleness_mean"):
                 series[key].append((r["step"], r[key]))
             series["kl"].append((r["step"], r["kl_ref"] if r.get("kl_ref") else r.get("kl_rollout", 0.0)))
-        elif r.get("loop") == "rollout" and "personalization_score" in r:
-            series["personalization_score"].append((r["eval_version"], r["personalization_score"]))
-    series["personalization_score"].sort()
+        elif r.get("loop") == "rollout" and "eval_metric" in r:
+            score_name = r["eval_metric"]
+            series["score"].append((r["eval_version"], r[score_name]))
+    series["score"].sort()
     times = [r["time"] for r in rows]
-    return RunCurves(run_dir.name, _objective(run_dir), series, max(times) - min(times))
+    return RunCurves(run_dir.name, _objective(run_dir), series, max(times) - min(times), score_name)
+
+
+def _score_title(runs: list[RunCurves]) -> str:
+    names = sorted({r.score_name for r in runs if r.series["score"]})
+    return " / ".join(n.replace("_", " ") for n in names) or "held-out score"
 
 
 def markdown_table(runs: list[RunCurves]) -> str:
     def fmt(x: Optional[float]) -> str:
         return "n/a" if x is None else f"{x:.3f}"
 
-    lines = ["| run | objective | steps | score before | score after | best score | final reward | wall time |",
+    title = _score_title(runs)
+    lines = [f"| run | objective | steps | {title} before | after | best | final reward | wall time |",
              "|---|---|---|---|---|---|---|---|"]
     for r in runs:
-        scores = [v for _, v in r.series["personalization_score"]]
+        scores = [v for _, v in r.series["score"]]
         steps = r.series["reward_mean"][-1][0] if r.series["reward_mean"] else 0
-        lines.append(f"| {r.name} | {r.objective} | {steps} | {fmt(r.first('personalization_score'))} | "
-                     f"{fmt(r.last('personalization_score'))} | {fmt(max(scores) if scores else None)} | "
+        lines.append(f"| {r.name} | {r.objective} | {steps} | {fmt(r.first('score'))} | "
+                     f"{fmt(r.last('score'))} | {fmt(max(scores) if scores else None)} | "
                      f"{fmt(r.last('reward_mean'))} | {r.wall_s / 60:.1f} min |")
     return "\n".join(lines) + "\n"
 
 
 def score_table(runs: list[RunCurves]) -> str:
-    """Personalization score of each run at each evaluated weight version (version 0: the untrained policy)."""
-    versions = sorted({v for r in runs for v, _ in r.series["personalization_score"]})
+    """The held-out score of each run at each evaluated weight version (version 0: the untrained policy)."""
+    versions = sorted({v for r in runs for v, _ in r.series["score"]})
     if not versions:
         return ""
     lines = ["| run | " + " | ".join(f"v{v}" + (" (base)" if v == 0 else "") for v in versions) + " |",
              "|---|" + "---|" * len(versions)]
     for r in runs:
-        by_version = dict(r.series["personalization_score"])
+        by_version = dict(r.series["score"])
         lines.append(f"| {r.name} | " + " | ".join(f"{by_version[v]:.3f}" if v in by_version else "" for v in versions) + " |")
     return "\n".join(lines) + "\n"
 
@@ -103,8 +113,8 @@ def plot(runs: list[RunCurves], out_png: Path) -> None:
         for r in runs:
             if r.series[key]:
                 xs, ys = zip(*r.series[key])
-                ax.plot(xs, ys, marker="o" if key == "personalization_score" else None, markersize=3, label=r.name)
-        ax.set_title(title)
+                ax.plot(xs, ys, marker="o" if key == "score" else None, markersize=3, label=r.name)
+        ax.set_title(f"{_score_title(runs)} (held-out)" if key == "score" else title)
         ax.set_xlabel("trainer step / weight version")
         ax.grid(alpha=0.3)
     axes.flat[1].legend(fontsize=8)

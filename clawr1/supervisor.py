@@ -4,36 +4,35 @@ Each loop runs as `python -m clawr1.cli <loop> --config RUN_DIR/config.yaml`
 in its own process group, with its output in RUN_DIR/logs/<loop>.log, and dies
 with the supervisor even on kill -9 (PR_SET_PDEATHSIG). The run ends when the
 trainer finishes its steps (exit 0), or when any loop dies (exit 1, naming
-it), or on Ctrl-C/SIGTERM (exit 130). In every case every process the run
-started is stopped: SIGTERM to its group, then SIGKILL after a grace period.
+it), or on Ctrl-C/SIGTERM (exit 130). A live run (run.mode=live) has no rollout
+loop: it trains on whatever reaches the gateway until stopped. In every case
+every process the run started is stopped, producers before consumers (trainer
+and rollout, then gateway, then judge, then pool and engines), so the trainer
+can checkpoint and commit and queued turns reach the pool: SIGTERM to each
+group, then SIGKILL once the grace period is over.
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Protocol, TypeVar
 
 import httpx
 
 from clawr1.cluster import apply_partition, visible_devices
-from clawr1.config import Config, assign_free_ports, save_config
-from clawr1.runtime import ready_file
+from clawr1.config import Config, assign_free_ports, free_port, save_config
+from clawr1.engine_api.versions import parse_version
+from clawr1.runtime import ready_file, start_process, stop_processes
+from clawr1.tracking import MetricsTail, RunStatus
 
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass  # not Linux: children still get stopped on every normal exit path
+STOP_ORDER = ("rollout", "trainer", "gateway", "judge")  # then everything else (pool, engines)
 
 
 class LoopFailed(RuntimeError):
@@ -71,12 +70,18 @@ def _tail(path: Optional[Path], lines: int = 15) -> str:
 
 
 class Supervisor:
-    def __init__(self, cfg: Config, echo: Callable[[str], None] = print):
+    """`driver`, if given, runs in a thread once every loop is up (e.g. `clawr1 ingest` sending a file); it returns
+    a check that says when the run has done with what it sent, and the run then ends (exit 0)."""
+
+    def __init__(self, cfg: Config, echo: Callable[[str], None] = print,
+                 driver: Optional[Callable[[], Callable[[], bool]]] = None):
         self.cfg = cfg
         self.echo = echo
         self.loops: list[Loop] = []
         self.config_path = cfg.run_dir / "config.yaml"
-        self._interrupted = False
+        self.driver = driver
+        self._driver_thread: Optional[threading.Thread] = None
+        self._driver_result: dict = {}
 
     # ------------------------------------------------------------ plan
     def plan(self) -> list[list[Loop]]:
@@ -89,7 +94,7 @@ class Supervisor:
             Loop("gateway", "gateway", _gpu_env(cfg, "none"), _http_ok(f"{cfg.gateway_url}/health")),
         ]
         world = cfg.trainer.tensor_parallel * cfg.trainer.data_parallel
-        master_port = str(_free_port())
+        master_port = str(free_port())
         trainers = [
             Loop("trainer" if world == 1 else f"trainer-{r}", "train",
                  {"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1",
@@ -97,7 +102,9 @@ class Supervisor:
                  _file_exists(ready_file(cfg, "trainer")) if r == 0 else (lambda: True))
             for r in range(world)
         ]
-        wave2 = trainers + [Loop("rollout", "rollout", _gpu_env(cfg, "none"), _file_exists(ready_file(cfg, "rollout")))]
+        wave2 = trainers
+        if cfg.run.mode == "env":
+            wave2 = wave2 + [Loop("rollout", "rollout", _gpu_env(cfg, "none"), _file_exists(ready_file(cfg, "rollout")))]
         return [wave1, wave2]
 
     def _engines(self) -> list[Loop]:
@@ -135,14 +142,21 @@ class Supervisor:
         cfg = self.cfg
         (cfg.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         save_config(cfg, self.config_path)
-        self.progress = ProgressPrinter(cfg.run_dir / "metrics.jsonl", self.echo)  # from here on: this run's records
+        self.progress = ProgressPrinter(cfg, self.echo)  # from here on: this run's records
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             for wave in self.plan():
                 for loop in wave:
                     self._start(loop)
                 self._wait_ready(wave)
-            self.echo(f"[run] all loops up; training {cfg.run.max_steps} steps (logs in {cfg.run_dir / 'logs'})")
+            self.echo(f"[run] ready: OpenAI base URL {cfg.gateway_url}/v1")
+            if cfg.run.mode == "live":
+                limit = f"{cfg.run.max_steps} steps" if cfg.run.max_steps else "until stopped (Ctrl-C)"
+                self.echo(f"[run] live: training on the traffic that reaches the gateway, {limit} "
+                          f"(logs in {cfg.run_dir / 'logs'})")
+            else:
+                self.echo(f"[run] all loops up; training {cfg.run.max_steps} steps (logs in {cfg.run_dir / 'logs'})")
+            self._start_driver()
             return self._watch()
         except LoopFailed as e:
             self.echo(f"[run] FAILED: {e}")
@@ -160,12 +174,9 @@ class Supervisor:
 
     def _start(self, loop: Loop) -> None:
         loop.log_path = self.cfg.run_dir / "logs" / f"{loop.name}.log"
-        env = {**os.environ, **loop.env, "PYTHONUNBUFFERED": "1"}
-        with open(loop.log_path, "ab") as log:
-            loop.proc = subprocess.Popen(
-                [sys.executable, "-m", "clawr1.cli", loop.command, "--config", str(self.config_path), *loop.args],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                start_new_session=True, preexec_fn=_die_with_parent)
+        env = {**os.environ, **loop.env, "PYTHONUNBUFFERED": "1", "CLAWR1_LOOP_NAME": loop.name}
+        command = [sys.executable, "-m", "clawr1.cli", loop.command, "--config", str(self.config_path), *loop.args]
+        loop.proc = start_process(command, loop.log_path, env)
         self.loops.append(loop)
 
     def _check_alive(self) -> None:
@@ -184,28 +195,51 @@ class Supervisor:
                 raise LoopFailed(f"loop(s) {', '.join(l.name for l in waiting)} not ready after {self.cfg.run.startup_timeout_s:.0f}s")
             time.sleep(0.3)
 
+    def _start_driver(self) -> None:
+        if self.driver is None:
+            return
+
+        def run() -> None:
+            try:
+                self._driver_result["done"] = self.driver()
+            except Exception as e:  # reported by _watch, which stops the run
+                self._driver_result["error"] = e
+
+        self._driver_thread = threading.Thread(target=run, name="driver", daemon=True)
+        self._driver_thread.start()
+
+    def _driver_finished(self) -> bool:
+        """Whether the driver is done and the run has handed on what it sent (LoopFailed if it failed)."""
+        if self._driver_thread is None or self._driver_thread.is_alive():
+            return False
+        if "error" in self._driver_result:
+            raise LoopFailed(f"{self._driver_result['error']}")
+        return self._driver_result["done"]()
+
     def _watch(self) -> int:
         progress = self.progress
         trainers = [l for l in self.loops if l.name.startswith("trainer")]
         while True:
             progress.poll()
             self._check_alive()
-            if all(t.proc.poll() == 0 for t in trainers):
+            if all(t.proc.poll() == 0 for t in trainers) or self._driver_finished():
                 progress.poll()
                 return self._finish()
             time.sleep(0.5)
 
     def _finish(self) -> int:
         cfg = self.cfg
-        if cfg.rollout.eval_every:
+        if cfg.run.mode == "env" and cfg.rollout.eval_every:
             done = ready_file(cfg, "rollout").with_suffix(".done")
             deadline = time.monotonic() + 600
             while not done.exists() and time.monotonic() < deadline:
                 self._check_alive_except_trainers()
                 time.sleep(0.5)
+            self.progress.poll()  # the final evaluation's line
         summary = {"steps": cfg.run.max_steps, "run_dir": str(cfg.run_dir)}
         try:
-            summary["engine_weight_version"] = int(httpx.get(f"{cfg.engine_url}/get_model_info", timeout=10).json()["weight_version"])
+            info = httpx.get(f"{cfg.engine_urls[0]}/get_model_info", timeout=10).json()
+            summary["engine_weight_version"] = parse_version(info.get("weight_version"))
         except (httpx.HTTPError, KeyError, ValueError) as e:
             summary["engine_weight_version_error"] = str(e)
         (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -218,20 +252,30 @@ class Supervisor:
                 raise LoopFailed(f"loop '{loop.name}' exited with code {loop.proc.returncode} during the final evaluation")
 
     def stop_all(self) -> None:
-        """SIGTERM every loop's process group, wait, then SIGKILL what is left."""
-        live = [l for l in self.loops if l.proc and l.proc.poll() is None]
-        for loop in reversed(live):
-            _signal_group(loop.proc, signal.SIGTERM)
+        """Stop the loops in STOP_ORDER, each stage SIGTERM then wait; SIGKILL what is left when the grace is over."""
         deadline = time.monotonic() + self.cfg.run.stop_timeout_s
-        for loop in live:
-            try:
-                loop.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                self.echo(f"[run] {loop.name} did not stop in time; killing it")
-        for loop in self.loops:
-            if loop.proc:
-                _signal_group(loop.proc, signal.SIGKILL)  # also reaps grandchildren left in the group
-                loop.proc.wait()
+        for stage in stop_stages([l for l in self.loops if l.proc]):
+            killed = stop_processes([l.proc for l in stage], max(0.0, deadline - time.monotonic()))
+            for loop in stage:
+                if loop.proc in killed:
+                    self.echo(f"[run] {loop.name} did not stop in time; killed it")
+
+
+class Named(Protocol):
+    name: str
+
+
+L = TypeVar("L", bound=Named)
+
+
+def stop_stages(loops: list[L]) -> list[list[L]]:
+    """Producers before the loops they feed, so each can hand over what it holds before its consumer goes."""
+    def stage(loop: L) -> int:
+        return next((i for i, prefix in enumerate(STOP_ORDER) if loop.name.startswith(prefix)), len(STOP_ORDER))
+    stages: dict[int, list[L]] = {}
+    for loop in loops:
+        stages.setdefault(stage(loop), []).append(loop)
+    return [stages[k] for k in sorted(stages)]
 
 
 def _gpu_env(cfg: Config, role: str, index: int = 0) -> dict[str, str]:
@@ -244,44 +288,42 @@ def _engine_tp(gpus: list[int]) -> tuple[str, ...]:
     return (f"serve.sglang.tp_size={len(gpus)}",) if gpus else ()
 
 
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _free_port() -> int:
-    from clawr1.config import free_port
-
-    return free_port()
-
-
 class ProgressPrinter:
-    """Prints one line per trainer step as the trainer's metrics arrive."""
+    """Prints one line per trainer step and per evaluation as the metrics arrive; in a live run also a
+    line every run.progress_every_s with what was served, judged and trained, steps or not."""
 
-    def __init__(self, path: Path, echo: Callable[[str], None]):
-        self.path, self.echo = path, echo
-        self.offset = path.stat().st_size if path.exists() else 0  # a resumed run: only new records
+    def __init__(self, cfg: Config, echo: Callable[[str], None]):
+        self.echo = echo
+        self.tail = MetricsTail(cfg.run_dir)  # a resumed run: only new records
+        self.status = RunStatus(cfg.run_dir) if cfg.run.mode == "live" else None
+        self.every_s = cfg.run.progress_every_s
+        self.next_live_line = time.monotonic() + self.every_s
 
     def poll(self) -> None:
-        if not self.path.exists():
-            return
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            chunk = f.read()
-        complete = chunk[: chunk.rfind(b"\n") + 1]
-        self.offset += len(complete)
-        for line in complete.splitlines():
-            r = json.loads(line)
+        for r in self.tail.poll():
             if r.get("loop") == "trainer" and "pg_loss" in r:
                 self.echo(
                     f"[train] step {r['step']:>3} | version {r['version']} | samples {r['samples']} | "
                     f"reward {r['reward_mean']:+.2f} | hint rate {r['hint_rate']:.2f} | "
                     f"loss {r['pg_loss']:+.4f} | entropy {r.get('entropy', 0.0):.3f} | {r['tokens_per_s']:.0f} tok/s | "
                     f"staleness {r['staleness_mean']:.1f}")
-            elif r.get("loop") == "rollout" and "personalization_score" in r:
-                self.echo(f"[eval]  version {r['eval_version']} | personalization score {r['personalization_score']:.3f}")
+            elif r.get("loop") == "rollout" and "eval_metric" in r:
+                name = r["eval_metric"]
+                self.echo(f"[eval]  version {r['eval_version']} | {name.replace('_', ' ')} {r[name]:.3f}")
+        if self.status is not None and time.monotonic() >= self.next_live_line:
+            self.next_live_line = time.monotonic() + self.every_s
+            self.echo(self.live_line())
+
+    def live_line(self) -> str:
+        s = self.status.refresh()
+        reward = s.get("trainer", "reward_mean")
+
+        def n(loop: str, key: str) -> int:
+            return int(s.get(loop, key) or 0)
+        return (f"[live]  served {n('gateway', 'main_turns')} turns | ingested {n('gateway', 'ingested_turns')} | "
+                f"judged {n('judge', 'judged')} | samples {n('pool', 'received')} | pool pending {n('pool', 'pending')} | "
+                f"steps {n('trainer', 'step')} | version {n('trainer', 'version')} | "
+                f"reward {'-' if reward is None else f'{reward:+.2f}'}")
 
 
 def prepare(cfg: Config, recipe: Path, overwrite: bool, resume: bool = False, dry_run: bool = False) -> Config:
@@ -294,8 +336,11 @@ def prepare(cfg: Config, recipe: Path, overwrite: bool, resume: bool = False, dr
         if resume:
             raise SystemExit("--resume needs the run directory: add run.dir=RUN_DIR")
         cfg.run.dir = str(Path("runs") / f"{recipe.parent.name}-{recipe.stem}-{time.strftime('%Y%m%d-%H%M%S')}")
+    on_ray = cfg.cluster.backend == "ray"
+    if on_ray:  # every node writes into the same path; ports are chosen on the nodes
+        cfg.run.dir = str(cfg.run_dir.resolve())
     if dry_run:
-        return assign_free_ports(cfg)
+        return cfg if on_ray else assign_free_ports(cfg)
     run_dir = cfg.run_dir
     if resume:
         if not (run_dir / "pool").is_dir():
@@ -308,4 +353,14 @@ def prepare(cfg: Config, recipe: Path, overwrite: bool, resume: bool = False, dr
                              f"pass --resume to continue it, or --overwrite to replace it")
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    return assign_free_ports(cfg)
+    return cfg if on_ray else assign_free_ports(cfg)
+
+
+def make_supervisor(cfg: Config, echo: Callable[[str], None] = print) -> Supervisor:
+    """The local supervisor, or with cluster.backend=ray the Ray one (clawr1/ray_run.py, the only module that
+    imports Ray); both have describe() and run()."""
+    if cfg.cluster.backend == "ray":
+        from clawr1.ray_run import RaySupervisor
+
+        return RaySupervisor(cfg, echo)
+    return Supervisor(cfg, echo)

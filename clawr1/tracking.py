@@ -38,6 +38,43 @@ class MetricsWriter:
         os.close(self._fd)
 
 
+class MetricsTail:
+    """Reads metrics.jsonl incrementally: each `poll` returns the records appended since the last one."""
+
+    def __init__(self, run_dir: Path, from_start: bool = False):
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.offset = 0 if from_start or not self.path.exists() else self.path.stat().st_size
+
+    def poll(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits for the next poll
+        self.offset += len(complete)
+        return [json.loads(line) for line in complete.splitlines() if line.strip()]
+
+
+class RunStatus:
+    """The run's latest figures, from every loop's records in metrics.jsonl (for progress lines and /v1/status)."""
+
+    def __init__(self, run_dir: Path):
+        self.tail = MetricsTail(run_dir, from_start=True)
+        self.latest: dict[str, dict] = {}  # loop -> its newest record (the trainer's: its newest step)
+
+    def refresh(self) -> "RunStatus":
+        for record in self.tail.poll():
+            loop = record.get("loop", "")
+            if loop == "trainer" and "pg_loss" not in record:
+                continue  # the trainer's other records (final versions) are not steps
+            self.latest[loop] = record
+        return self
+
+    def get(self, loop: str, key: str) -> Any:
+        return self.latest.get(loop, {}).get(key)
+
+
 def read_metrics(run_dir: Path, loop: Optional[str] = None) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
@@ -60,8 +97,6 @@ class WandbForwarder:
         mode = self.cfg.tracking.wandb_mode
         if mode == "disabled":
             return
-        if mode not in ("offline", "online"):
-            raise ValueError(f"tracking.wandb_mode must be offline, online or disabled, got {mode!r}")
         import wandb
 
         os.environ.setdefault("WANDB_SILENT", "true")

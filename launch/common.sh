@@ -1,8 +1,10 @@
-# Sourced by launch/<recipe>.sh with RECIPE set. Starts one recipe on this node; never touches processes it
-# did not start (`clawr1 run` stops its own children by process group on exit, Ctrl-C or SIGTERM).
+# Sourced by launch/<recipe>.sh with RECIPE set. Starts one recipe on this node, or with RAY_ADDRESS set on that
+# Ray cluster; never touches processes it did not start (`clawr1 run` stops its own children by process group, and
+# on Ray its own actors and placement groups, on exit, Ctrl-C or SIGTERM).
 #
 # Environment (all optional but MODEL_PATH on GPUs):
-#   NUM_GPUS      GPUs this run may use (default: all that nvidia-smi lists)
+#   RAY_ADDRESS   a running Ray cluster (e.g. head-node:6379): place the loops there; the GPU counts may span nodes
+#   NUM_GPUS      GPUs this run may use (default: all that nvidia-smi lists; not used on Ray)
 #   ACTOR_GPUS    trainer GPUs      (default 4)    devices 0 .. ACTOR_GPUS-1
 #   ROLLOUT_GPUS  policy engines    (default 2)    the next ROLLOUT_GPUS devices
 #   PRM_GPUS      PRM judge engine  (default 2)    the next PRM_GPUS devices
@@ -32,6 +34,28 @@ device_list() {
   for ((i = first; i < first + count; i++)); do out+="${out:+,}$i"; done
   echo "[$out]"
 }
+
+# A Ray cluster: per-role GPU counts, checked by `clawr1 run` against the resources the cluster's nodes declare
+# (--dry-run prints the placement plan: bundles, roles and nodes).
+if [[ -n "${RAY_ADDRESS:-}" ]]; then
+  ACTOR_GPUS="${ACTOR_GPUS:-4}"
+  ROLLOUT_GPUS="${ROLLOUT_GPUS:-2}"
+  PRM_GPUS="${PRM_GPUS:-2}"
+  for name in ACTOR_GPUS ROLLOUT_GPUS PRM_GPUS; do
+    is_count "${!name}" || fail "$name must be a whole number, got '${!name}'"
+  done
+  (( ACTOR_GPUS > 0 && ROLLOUT_GPUS > 0 )) || fail "ACTOR_GPUS and ROLLOUT_GPUS must be at least 1"
+  [[ -n "${MODEL_PATH:-}" ]] || fail "set MODEL_PATH to an HF model directory present on every node; nothing is downloaded"
+  PRM_ARGS=()
+  if (( PRM_GPUS > 0 )); then
+    PRM_ARGS=("cluster.ray.prm_gpus=$PRM_GPUS" "judge.prm_model_path=${PRM_MODEL_PATH:-$MODEL_PATH}")
+  fi
+  echo "launch/${RECIPE}.sh: Ray cluster at ${RAY_ADDRESS}: actor GPUs ${ACTOR_GPUS}, rollout GPUs ${ROLLOUT_GPUS}, PRM GPUs ${PRM_GPUS} -> ${RUN_DIR}" >&2
+  exec clawr1 run "$REPO/recipes/${RECIPE}/cluster.yaml" \
+    "run.dir=${RUN_DIR}" "model.path=${MODEL_PATH}" cluster.backend=ray \
+    "cluster.ray.actor_gpus=${ACTOR_GPUS}" "cluster.ray.rollout_gpus=${ROLLOUT_GPUS}" \
+    "${PRM_ARGS[@]}" "$@"
+fi
 
 AVAILABLE="$(visible_gpus)"
 if [[ "$AVAILABLE" -eq 0 ]]; then

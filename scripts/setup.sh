@@ -7,3 +7,5 @@ python3 -m venv .venv
 # The CPU build of torch, pinned: an unpinned torch would pull several GB of CUDA wheels.
 .venv/bin/python -m pip install -q "torch==2.13.0"
 .venv/bin/python -m pip install -q -e ".[test]"
+# BFCL's data for envs/toolcall (its pinned dependencies are not needed: only the bundled data is read).
+.venv/bin/python -m pip install -q --no-deps "bfcl-eval==2026.3.23"

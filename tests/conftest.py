@@ -14,9 +14,9 @@ from clawr1.devtools import REPO, LoopProcess, local_config  # noqa: F401 (REPO 
 
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
-    from clawr1.tinymodel.build import ensure_tiny_model
+    from clawr1.model_path import resolve_model_path
 
-    return ensure_tiny_model(ModelConfig())
+    return resolve_model_path(ModelConfig())
 
 
 make_config = local_config

@@ -1,6 +1,10 @@
+import subprocess
+import sys
+
 import pytest
 
 from clawr1.config import Config, ConfigError, load_config, parse_override
+from tests.conftest import REPO
 
 
 def test_defaults_and_override_types():
@@ -12,13 +16,62 @@ def test_defaults_and_override_types():
 
 def test_int_is_accepted_for_float_but_not_the_reverse():
     assert load_config(None, ["trainer.lr=1"]).trainer.lr == 1.0
-    with pytest.raises(ConfigError, match="pool.batch_size: expected int"):
+    with pytest.raises(ConfigError, match=r"pool.batch_size: Input should be a valid integer.*\(got 1.5\)"):
         load_config(None, ["pool.batch_size=1.5"])
 
 
-def test_unknown_key_is_an_error_naming_its_path():
-    with pytest.raises(ConfigError, match="unknown config key.*trainer.learning_rate"):
-        load_config(None, ["trainer.learning_rate=1"])
+def test_unknown_key_is_an_error_naming_its_path_and_the_closest_key():
+    with pytest.raises(ConfigError, match=r"unknown key trainer.lrr \(did you mean trainer.lr\?\); keys here: .*lr_schedule"):
+        load_config(None, ["trainer.lrr=1"])
+    with pytest.raises(ConfigError, match="unknown key bogus_section"):
+        load_config(None, ["bogus_section.x=1"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("trainer.weight_sync=bogus", "trainer.weight_sync: 'bogus' is not allowed; choose one of: disk, http, nccl"),
+    ("judge.backend=gpt", "judge.backend: 'gpt' is not allowed; choose one of: rules, llm, env"),
+    ("algo.loss_aggregation=sum", "algo.loss_aggregation: 'sum' is not allowed; choose one of: token-mean, seq-mean-token-mean"),
+    ("trainer.lr=-1", "trainer.lr: Input should be greater than 0 (got -1)"),
+    ("pool.max_staleness=-1", "pool.max_staleness: Input should be greater than or equal to 0 (got -1)"),
+    ("rollout.max_pool_backlog=3", "rollout.max_pool_backlog (3) must be 0 or at least pool.batch_size (16)"),
+    ("algo.dual_clip=0.5", "algo.dual_clip must be 0 (off) or > 1, got 0.5"),
+])
+def test_bad_values_name_the_key_the_value_and_what_is_allowed(override, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(REPO / "recipes/combined/cpu.yaml", [override])
+    assert message in str(err.value)
+
+
+def test_assignments_are_checked_too():
+    cfg = load_config(None)
+    with pytest.raises(ValueError, match="weight_sync"):
+        cfg.trainer.weight_sync = "bogus"
+
+
+@pytest.mark.parametrize("override", ["trainer.weight_sync=bogus", "trainer.lrr=1e-4"])
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_clawr1_run_refuses_a_bad_config_before_anything_starts(tmp_path, override, dry_run):
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "clawr1.cli", "run", "recipes/combined/cpu.yaml", override, f"run.dir={run_dir}"]
+    out = subprocess.run(cmd + (["--dry-run"] if dry_run else []), cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert override.split("=")[0] in out.stderr and ("disk, http, nccl" in out.stderr or "did you mean trainer.lr" in out.stderr)
+    assert not run_dir.exists() and not out.stdout
+
+
+def test_a_dry_run_writes_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    out = subprocess.run([sys.executable, "-m", "clawr1.cli", "run", "recipes/combined/cpu.yaml", f"run.dir={run_dir}",
+                          "--dry-run"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "wave 1  pool" in out.stdout and "wave 2  trainer" in out.stdout
+    assert not run_dir.exists()
+
+
+def test_every_loop_command_checks_the_config_at_load(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "clawr1.cli", "train", "--config", "recipes/combined/cpu.yaml",
+                          "algo.baseline=median"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "algo.baseline: 'median' is not allowed; choose one of: group, none" in out.stderr
 
 
 def test_include_merges_and_overrides(tmp_path):

@@ -26,7 +26,7 @@ def fake_run(root: Path, name: str, w_rl: float, w_opd: float, scores: list[floa
                      "kl_rollout": 0.01 * step})
     for version, score in zip((0, 2, 4), scores):
         rows.append({"loop": "rollout", "time": 100.0 + 30 * version, "step": version, "eval_version": version,
-                     "personalization_score": score})
+                     "eval_metric": "personalization_score", "personalization_score": score})
     rows.append({"loop": "judge", "time": 100.0, "step": 0, "inflight": 0})
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return run

@@ -70,6 +70,26 @@ def opd_token_advantages(teacher_logprobs: Tensor, old_logprobs: Tensor, has_tea
     return torch.where(has_teacher, gap, torch.zeros_like(gap))
 
 
+def center_per_sample(advantages: Tensor, sample_index: Tensor, active: Tensor) -> Tensor:
+    """Each active token's advantage minus its sample's mean over the sample's active tokens.
+
+    A hinted teacher is less confident on almost every token, so the raw OPD gap is negative on
+    average and, summed over a response, penalizes length whatever the response says; centring
+    keeps only which tokens the hint favours over the others of the same response.
+    """
+    n = int(sample_index.max()) + 1 if sample_index.numel() else 0
+    w = active.to(advantages.dtype)
+    sums = torch.zeros(n, dtype=advantages.dtype, device=advantages.device).index_add_(0, sample_index, advantages * w)
+    counts = torch.zeros(n, dtype=advantages.dtype, device=advantages.device).index_add_(0, sample_index, w)
+    mean = sums / counts.clamp(min=1)
+    return torch.where(active, advantages - mean[sample_index], torch.zeros_like(advantages))
+
+
+def clip_advantages(advantages: Tensor, limit: float) -> Tensor:
+    """Advantages bounded to [-limit, limit] (limit 0: unchanged)."""
+    return advantages.clamp(-limit, limit) if limit else advantages
+
+
 def combined_token_advantages(rl: Tensor, opd: Tensor, w_rl: float, w_opd: float) -> Tensor:
     """A = w_rl * A_rl + w_opd * A_opd."""
     return w_rl * rl + w_opd * opd

@@ -4,35 +4,27 @@ from __future__ import annotations
 import contextlib
 import hmac
 import ipaddress
-import os
 import re
-from pathlib import Path
 from typing import Any, Awaitable, Callable, Mapping, Optional
-from urllib.parse import quote
+from pathlib import Path
+from urllib.parse import parse_qs, quote
 
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from clawr1.config import GatewayConfig
-from clawr1.gateway.openai_types import ChatCompletionRequest, CompleteRequest, FeedbackRequest, error_body
+from clawr1.gateway.openai_types import (ChatCompletionRequest, CompleteRequest, FeedbackRequest, IngestRequest,
+                                         ScoreRequest, error_body)
 from clawr1.gateway.service import Gateway, GatewayError, TurnContext
 
 OPEN_PATHS = {"/health"}
+PLAYGROUND_PATH = "/playground"
+PLAYGROUND_HTML = Path(__file__).with_name("playground.html")
 CHAT_PATH = re.compile(r"^(?:/s/(?P<session>[^/]+))?/v1/chat/completions$")
 ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
-
-
-def resolve_api_key(cfg: GatewayConfig) -> Optional[str]:
-    """The key from the file named in the config, else from the environment variable it names."""
-    if cfg.api_key_file:
-        key = Path(cfg.api_key_file).expanduser().read_text().strip()
-        if not key:
-            raise SystemExit(f"gateway.api_key_file {cfg.api_key_file} is empty")
-        return key
-    return os.environ.get(cfg.api_key_env) or None
 
 
 def is_loopback(host: str) -> bool:
@@ -87,15 +79,26 @@ class _TooLarge(Exception):
 
 
 class RequireKey:
-    """ASGI middleware: every path but /health needs `Authorization: Bearer <key>`."""
+    """ASGI middleware: every path but /health needs `Authorization: Bearer <key>`.
+
+    The playground page is opened by a browser, which cannot set that header on a navigation: it may
+    carry the key as `?key=...` instead (the page then sends it as a header on every API call)."""
 
     def __init__(self, app, key: str):
-        self.app, self.expected = app, f"Bearer {key}".encode()
+        self.app, self.key, self.expected = app, key.encode(), f"Bearer {key}".encode()
+
+    def _allowed(self, scope) -> bool:
+        given = dict(scope.get("headers") or []).get(b"authorization", b"")
+        if hmac.compare_digest(given, self.expected):
+            return True
+        if scope["path"] == PLAYGROUND_PATH:
+            query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+            return hmac.compare_digest(query.get("key", [""])[0].encode(), self.key)
+        return False
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
-            given = dict(scope.get("headers") or []).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
+            if not self._allowed(scope):
                 return await _send_json(send, 401, error_body("missing or wrong API key", "authentication_error",
                                                               code="invalid_api_key"))
         await self.app(scope, receive, send)
@@ -232,6 +235,25 @@ def create_app(gateway: Gateway, api_key: Optional[str] = None) -> ASGIApp:
             raise GatewayError(400, "feedback needs a score, a text, or both")
         turn = gateway.feedback(body.session_id, body.turn_index, body.score, body.text)
         return {"session_id": body.session_id, "turn_index": turn, "accepted": True}
+
+    @app.post("/v1/ingest")
+    async def ingest(body: IngestRequest) -> dict:
+        """One pre-collected conversation (`clawr1 ingest` sends a file's lines here)."""
+        return await gateway.ingest(body)
+
+    @app.post("/v1/score")
+    async def score(body: ScoreRequest) -> dict:
+        """Log-probs of a response under the current policy (with `hint`: the judge's teacher), for probes."""
+        return await gateway.score(body)
+
+    @app.get("/v1/status")
+    async def status() -> dict:
+        """The run's live figures: weight version, steps, reward, judge backlog, pool pending, turns served."""
+        return gateway.status()
+
+    @app.get(PLAYGROUND_PATH, response_class=HTMLResponse)
+    async def playground() -> HTMLResponse:
+        return HTMLResponse(PLAYGROUND_HTML.read_text())
 
     @app.post("/v1/sessions/{session_id}/complete")
     async def complete(session_id: str, body: CompleteRequest) -> dict:

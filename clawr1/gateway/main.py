@@ -4,13 +4,13 @@ from __future__ import annotations
 import logging
 
 import uvicorn
-from transformers import AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer
 
 from clawr1.config import Config
-from clawr1.gateway.app import check_exposure, create_app, resolve_api_key
+from clawr1.gateway.app import check_exposure, create_app
 from clawr1.gateway.service import Gateway
-from clawr1.runtime import freeze_startup_objects, setup_logging
-from clawr1.tinymodel.build import resolve_model_path
+from clawr1.runtime import freeze_startup_objects, resolve_api_key, setup_logging
+from clawr1.model_path import resolve_model_path
 
 log = logging.getLogger("clawr1.gateway")
 
@@ -19,8 +19,10 @@ def main(cfg: Config) -> int:
     setup_logging("gateway")
     key = resolve_api_key(cfg.gateway)
     check_exposure(cfg.gateway, key)
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(cfg.model))
+    model_path = resolve_model_path(cfg.model)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
     gateway = Gateway(cfg, tokenizer, judge_addr=cfg.judge_turns_addr)
+    gateway.max_context = getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", 0) or 0
     log.info("gateway on %s -> engines %s, judge %s, auth %s", cfg.gateway_url, cfg.engine_urls, cfg.judge_turns_addr,
              "on" if key else "off (loopback only)")
     app = create_app(gateway, key)

@@ -32,6 +32,16 @@ class ChatMessage(BaseModel):
     tool_calls: Optional[list[ToolCallIn]] = None
     tool_call_id: Optional[str] = None
 
+    @field_validator("content")
+    @classmethod
+    def _text_only(cls, v):
+        """The policy reads text: an image (or any other non-text part) is refused, never silently dropped."""
+        for part in v if isinstance(v, list) else []:
+            kind = part.get("type", "text")
+            if kind != "text":
+                raise ValueError(f"content part of type {kind!r} is not supported: this policy reads text only")
+        return v
+
     def text(self) -> str:
         """Content as text; list content keeps its text parts."""
         if isinstance(self.content, list):
@@ -90,6 +100,8 @@ class ChatCompletionRequest(BaseModel):
     seed: Optional[int] = Field(default=None, ge=-(2**63), le=2**63 - 17)  # + choice index stays in int64
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
+    logprobs: bool = False  # each output token's log-prob (as sampled), in OpenAI's shape
+    top_logprobs: Optional[int] = Field(default=None, ge=0, le=20)  # with logprobs: the k most likely at each position
     user: Optional[str] = None
     tools: Optional[list[Tool]] = None
     tool_choice: Optional[Union[Literal["none", "auto", "required"], dict[str, Any]]] = None
@@ -106,6 +118,37 @@ class ChatCompletionRequest(BaseModel):
         if not self.tools or self.tool_choice == "none":
             return None
         return [t.model_dump(exclude_none=True) for t in self.tools]
+
+
+class TurnFeedback(BaseModel):
+    """Feedback on one assistant turn of an ingested conversation (`turn`: its index among assistant turns)."""
+
+    model_config = ConfigDict(extra="forbid")
+    turn: int = Field(ge=0)
+    score: Optional[float] = None
+    text: str = ""
+
+
+class IngestRequest(BaseModel):
+    """One pre-collected conversation in OpenAI chat format (a line of `clawr1 ingest`'s input)."""
+
+    model_config = ConfigDict(extra="ignore")
+    messages: list[ChatMessage] = Field(min_length=1, max_length=2000)
+    tools: Optional[list[Tool]] = None
+    session_id: Optional[str] = Field(default=None, max_length=256)
+    feedback: list[TurnFeedback] = Field(default_factory=list)
+    reward: Optional[float] = None  # the conversation's outcome: the next state of its last assistant turn
+
+
+class ScoreRequest(BaseModel):
+    """Log-probs of a response under the current policy, optionally with a hint in context (the teacher's view)."""
+
+    model_config = ConfigDict(extra="ignore")
+    messages: list[ChatMessage] = Field(min_length=1, max_length=2000)
+    response: str = Field(max_length=100_000)
+    hint: str = Field(default="", max_length=4000)
+    tools: Optional[list[Tool]] = None
+    temperature: float = Field(default=1.0, ge=0.01, le=2)
 
 
 class FeedbackRequest(BaseModel):
@@ -132,16 +175,21 @@ def completion_id() -> str:
     return f"chatcmpl-{secrets.token_hex(12)}"
 
 
-def chat_completion(cid: str, model: str, choices: list[dict], prompt_tokens: int, completion_tokens: int) -> dict:
+def chat_completion(cid: str, model: str, choices: list[dict], prompt_tokens: int, completion_tokens: int,
+                    fingerprint: Optional[str] = None) -> dict:
     return {
         "id": cid, "object": "chat.completion", "created": int(time.time()), "model": model, "choices": choices,
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                   "total_tokens": prompt_tokens + completion_tokens},
+        "system_fingerprint": fingerprint,
     }
 
 
-def chunk(cid: str, model: str, choices: list[dict], usage: Optional[dict] = None) -> dict:
+def chunk(cid: str, model: str, choices: list[dict], usage: Optional[dict] = None,
+          fingerprint: Optional[str] = None) -> dict:
     out = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model, "choices": choices}
+    if fingerprint is not None:
+        out["system_fingerprint"] = fingerprint
     if usage is not None:
         out["usage"] = usage
     return out

@@ -12,7 +12,7 @@ import hashlib
 import logging
 from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
-from clawr1.serving.client import EngineClient, EngineUnavailable, EngineUnreachable
+from clawr1.engine_api.client import EngineClient, EngineUnavailable, EngineUnreachable
 
 log = logging.getLogger("clawr1.gateway")
 T = TypeVar("T")

@@ -15,18 +15,23 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import AsyncIterator, Awaitable, Callable, Optional
 
 from clawr1 import bus, protocol
+from clawr1.chat import ChatRenderer, message_content
 from clawr1.config import Config
-from clawr1.gateway.chat_template import ChatRenderer
+from clawr1.engine_api.client import EngineError, Generation, joined
+from clawr1.gateway.ingest import IngestLedger, content_id, logged_turns
+from clawr1.gateway.logprobs import TokenText, openai_logprobs
 from clawr1.gateway.metrics import Metrics
-from clawr1.gateway.openai_types import ChatCompletionRequest, chat_completion, chunk, completion_id
+from clawr1.gateway.openai_types import (ChatCompletionRequest, IngestRequest, ScoreRequest, chat_completion, chunk,
+                                         completion_id)
 from clawr1.gateway.parsers import ParsedOutput, StreamSplitter, parse_output
 from clawr1.gateway.router import EngineRouter, NoEngineError
 from clawr1.gateway.sessions import Session, SessionStore, canonical
 from clawr1.protocol import NextState, TurnRecord
-from clawr1.serving.client import EngineError, Generation
+from clawr1.tracking import MetricsWriter, RunStatus
 
 log = logging.getLogger("clawr1.gateway")
 
@@ -105,10 +110,17 @@ class Choice:
         return msg
 
 
+MAX_CONTINUATIONS = 3  # an aborted generation is continued at most this many times
+INGEST_QUEUE_WAIT_S = 30.0  # an ingest request waits this long for room in the judge queue, then gets a 503
+REPORT_EVERY_S = 5.0  # the gateway's counters go to metrics.jsonl this often
+
+
 class Gateway:
     def __init__(self, cfg: Config, tokenizer, judge_addr: Optional[str]):
         self.cfg = cfg.gateway
+        self.run_dir = cfg.run_dir
         self.renderer = ChatRenderer(tokenizer)
+        self.token_text = TokenText(tokenizer)
         self.tokenizer = tokenizer
         self.router = EngineRouter(cfg.engine_urls)
         self.sessions = SessionStore(self.renderer, self.cfg.max_sessions, self.cfg.session_ttl_s, self.cfg.max_session_tokens)
@@ -123,24 +135,76 @@ class Gateway:
         self.session_locks = SessionLocks()
         self._engine_wait = 0.0  # seconds spent awaiting engines (for the overhead metric)
         self._tasks: list[asyncio.Task] = []
-        self.eos_ids = {self.renderer.im_end_id, tokenizer.convert_tokens_to_ids("<|endoftext|>")}
+        self.eos_ids = {self.renderer.im_end_id, self.renderer.end_of_text_id}
+        self.weight_version = 0  # the newest version that produced a token served here
+        self.max_context = 0  # the model's context length, when known (gateway main reads it from the model config)
+        self.run_status = RunStatus(self.run_dir)
+        self.ingest_ledger: Optional[IngestLedger] = None  # opened on first use (a run that ingests nothing has none)
+        self.metrics_writer: Optional[MetricsWriter] = None  # from start(): the gateway's records in metrics.jsonl
+
+    @property
+    def sessions_file(self) -> Path:
+        return self.run_dir / "gateway" / "sessions.bin"
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
+        if self.sessions_file.exists():
+            log.info("took back %d sessions a stopped gateway saved", self.sessions.load(self.sessions_file))
+        self.metrics_writer = MetricsWriter(self.run_dir, "gateway")
         if self.judge_addr:
             self._tasks.append(asyncio.create_task(self._send_to_judge()))
         self._tasks.append(asyncio.create_task(self._expire_sessions()))
         self._tasks.append(asyncio.create_task(self.router.watch_health()))
+        self._tasks.append(asyncio.create_task(self._report()))
 
     async def stop(self) -> None:
-        for s in list(self.sessions.sessions.values()):
-            self._emit(s, [(r, NextState(kind="none")) for r in s.pending()])
+        """Hand the queued turns to the judge, and keep the sessions (with their pending turns) for a resumed run."""
         deadline = time.monotonic() + 5
         while not self.judge_queue.empty() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
+        saved = self.sessions.save(self.sessions_file)
+        log.info("saved %d sessions to %s", saved, self.sessions_file)
         for t in self._tasks:
             t.cancel()
+        self._write_report()
+        if self.ingest_ledger is not None:
+            self.ingest_ledger.close()
         await self.router.close()
+
+    async def _report(self) -> None:
+        while True:
+            await asyncio.sleep(REPORT_EVERY_S)
+            self._write_report()
+
+    def _write_report(self) -> None:
+        if self.metrics_writer is not None:
+            self.metrics_writer.log(self.counts(), step=self.weight_version)
+
+    def counts(self) -> dict[str, float]:
+        """The gateway's own figures: turns served and recorded, feedback, ingested turns, sessions, queues."""
+        c = self.metrics.counters
+        return {
+            "main_turns": c["main_turns"][()], "side_requests": c["requests"][(("kind", "side"),)],
+            "feedback": c["feedback"][()], "ingested_turns": c["ingested_turns"][()],
+            "turns_sent": c["turns_sent"][()], "turns_dropped": c["turns_dropped"][()],
+            "prefix_breaks": self.sessions.prefix_breaks, "sessions_open": len(self.sessions.sessions),
+            "session_tokens": self.sessions.tokens, "judge_queue_depth": self.judge_queue.qsize(),
+            "weight_version": self.weight_version,
+        }
+
+    def status(self) -> dict:
+        """The run's live figures for the playground: this gateway's, and the other loops' newest records."""
+        run = self.run_status.refresh()
+        return {
+            "weight_version": max(self.weight_version, run.get("trainer", "version") or 0),
+            "trainer_step": run.get("trainer", "step") or 0, "reward_mean": run.get("trainer", "reward_mean"),
+            "judge_backlog": run.get("judge", "backlog"), "judged": run.get("judge", "judged"),
+            "pool_pending": run.get("pool", "pending"), "samples": run.get("pool", "received"),
+            "main_turns": int(self.metrics.counters["main_turns"][()]),
+            "feedback": int(self.metrics.counters["feedback"][()]),
+            "ingested_turns": int(self.metrics.counters["ingested_turns"][()]),
+            "sessions_open": len(self.sessions.sessions), "engines_healthy": sum(self.router.healthy),
+        }
 
     async def _send_to_judge(self) -> None:
         sock = bus.push_socket(self.judge_addr, asyncio=True)
@@ -172,8 +236,7 @@ class Gateway:
                 self.metrics.inc("turns_dropped", help="TurnRecords dropped because the judge queue was full")
                 log.warning("judge queue full (%d): dropped turn %s/%d", self.judge_queue.qsize(), record.session_id,
                             record.turn_index)
-        sent = {id(r) for r, _ in outcomes}
-        session.candidates = [c for c in session.candidates if id(c.record) not in sent]
+        self.sessions.release(session, [r for r, _ in outcomes])
 
     # ------------------------------------------------------------ generation
     def _sampling_params(self, req: ChatCompletionRequest, choice: int) -> dict:
@@ -203,10 +266,22 @@ class Gateway:
                                code="context_length_exceeded")
         return prompt
 
-    async def _generate(self, key: str, prompt: list[int], params: dict) -> Generation:
+    async def _generate(self, key: str, prompt: list[int], params: dict, top_k: int = 0) -> Generation:
+        """One choice. A generation the engine aborted (SGLang <= 0.5.20 aborts running requests to update its
+        weights) is continued from where it stopped, so the agent never sees a cut answer because of training."""
         t0 = time.perf_counter()
         try:
-            return await self.router.call(key, lambda e: e.generate(prompt, params, return_logprob=True))
+            gen = await self.router.call(key, lambda e: e.generate(prompt, params, return_logprob=True,
+                                                                   top_logprobs_num=top_k))
+            for _ in range(MAX_CONTINUATIONS):
+                left = params["max_new_tokens"] - len(gen.output_ids)
+                if gen.finish_reason != "abort" or left <= 0:
+                    break
+                self.metrics.inc("continued_after_abort", help="generations an engine aborted, continued")
+                more_params, so_far = {**params, "max_new_tokens": left}, prompt + gen.output_ids
+                gen = joined(gen, await self.router.call(key, lambda e: e.generate(
+                    so_far, more_params, return_logprob=True, top_logprobs_num=top_k)))
+            return gen
         except NoEngineError as e:
             raise GatewayError(503, str(e), "engine_unavailable") from None
         except EngineError as e:
@@ -214,10 +289,22 @@ class Gateway:
         finally:
             self._engine_wait += time.perf_counter() - t0
 
-    async def _stream(self, key: str, prompt: list[int], params: dict) -> AsyncIterator[Generation]:
+    async def _stream(self, key: str, prompt: list[int], params: dict, top_k: int = 0) -> AsyncIterator[Generation]:
+        """Partial results of one choice; an aborted generation is continued (as in _generate), seamlessly."""
         try:
-            async for partial in self.router.stream(key, lambda e: e.generate_stream(prompt, params, return_logprob=True)):
-                yield partial
+            done: Optional[Generation] = None
+            for _ in range(MAX_CONTINUATIONS + 1):
+                so_far = prompt + (done.output_ids if done else [])
+                more_params = {**params, "max_new_tokens": params["max_new_tokens"] - len(so_far) + len(prompt)}
+                last = None
+                async for partial in self.router.stream(key, lambda e: e.generate_stream(
+                        so_far, more_params, return_logprob=True, top_logprobs_num=top_k)):
+                    last = partial
+                    yield joined(done, partial) if done else partial
+                done = joined(done, last) if done and last else (last or done)
+                if done is None or done.finish_reason != "abort" or len(done.output_ids) >= params["max_new_tokens"]:
+                    return
+                self.metrics.inc("continued_after_abort", help="generations an engine aborted, continued")
         except NoEngineError as e:
             raise GatewayError(503, str(e), "engine_unavailable") from None
         except EngineError as e:
@@ -229,14 +316,16 @@ class Gateway:
         t0 = time.perf_counter()
         waited_before = self._engine_wait
         async with self._turn(req, ctx) as turn:
-            calls = [self._generate(turn.key, turn.prompt, self._sampling_params(req, i)) for i in range(req.n)]
+            calls = [self._generate(turn.key, turn.prompt, self._sampling_params(req, i), _top_k(req))
+                     for i in range(req.n)]
             gens = [await calls[0]] if req.n == 1 else await asyncio.gather(*calls)
             choices = [self._choice(i, g, turn.parse_tools) for i, g in enumerate(gens)]
             turn.finish(choices)
         body = chat_completion(turn.cid, req.model or self.cfg.model_name,
-                               [{"index": c.index, "message": c.message(), "logprobs": None,
+                               [{"index": c.index, "message": c.message(), "logprobs": self._logprobs(req, c.gen),
                                  "finish_reason": c.finish_reason()} for c in choices],
-                               len(turn.prompt), sum(len(c.gen.output_ids) for c in choices))
+                               len(turn.prompt), sum(len(c.gen.output_ids) for c in choices),
+                               fingerprint(max(c.gen.weight_version for c in choices)))
         total = time.perf_counter() - t0
         self.metrics.observe(total, stream="false")
         if req.n == 1:  # the gateway's own work: the request's time minus the time spent waiting for the engine
@@ -245,7 +334,15 @@ class Gateway:
             self.metrics.inc("overhead_requests", help="requests counted in overhead_seconds")
         return body, turn.session_id
 
+    def _logprobs(self, req: ChatCompletionRequest, gen: Generation, start: int = 0,
+                  end: Optional[int] = None) -> Optional[dict]:
+        """OpenAI's `logprobs` for output tokens start..end (the stop token is not content), if the request asked."""
+        if not req.logprobs:
+            return None
+        return openai_logprobs(gen, start, end, self.token_text, req.top_logprobs or 0, self.eos_ids)
+
     def _choice(self, index: int, gen: Generation, parse_tools: bool) -> Choice:
+        self.weight_version = max(self.weight_version, gen.weight_version)
         text = self.decode(gen)
         self.metrics.inc("completion_tokens", len(gen.output_ids), help="tokens generated")
         return Choice(index, gen, text, parse_output(text, parse_tools))
@@ -267,18 +364,20 @@ class Gateway:
 
             async def one(i: int) -> None:
                 splitter = StreamSplitter(turn.parse_tools)
-                sent, last = "", None
+                sent, last, reported = "", None, 0  # text sent, last partial result, tokens whose log-probs went out
                 try:
-                    async for partial in self._stream(turn.key, turn.prompt, self._sampling_params(req, i)):
+                    async for partial in self._stream(turn.key, turn.prompt, self._sampling_params(req, i), _top_k(req)):
                         last = partial
                         text = self.decode(partial)
                         if text.endswith("\ufffd"):  # half a UTF-8 character: wait for the rest
                             continue
                         reasoning, content = splitter.feed(text[len(sent):])
                         sent = text
-                        await queue.put(("delta", i, reasoning, content))
+                        logprobs = self._logprobs(req, partial, reported)
+                        reported = len(partial.output_ids)
+                        await queue.put(("delta", i, (reasoning, content), logprobs))
                     reasoning, content = splitter.finish()
-                    await queue.put(("delta", i, reasoning, content))
+                    await queue.put(("delta", i, (reasoning, content), self._logprobs(req, last, reported)))
                     finals[i] = self._choice(i, last, turn.parse_tools)
                     await queue.put(("done", i, finals[i], splitter))
                 except GatewayError as e:
@@ -292,15 +391,17 @@ class Gateway:
                 while running:
                     kind, i, a, b = await queue.get()
                     if kind == "delta":
-                        delta = {k: v for k, v in (("reasoning_content", a), ("content", b)) if v}
-                        if delta:
-                            yield _sse(chunk(turn.cid, model, [{"index": i, "delta": delta, "finish_reason": None}]))
+                        delta = {k: v for k, v in (("reasoning_content", a[0]), ("content", a[1])) if v}
+                        if delta or (b and b["content"]):
+                            yield _sse(chunk(turn.cid, model, [{"index": i, "delta": delta, "logprobs": b,
+                                                                "finish_reason": None}]))
                     elif kind == "done":
                         running -= 1
                         if a.parsed.tool_calls:
                             calls = [c.openai(index=j) for j, c in enumerate(a.parsed.tool_calls)]
                             yield _sse(chunk(turn.cid, model, [{"index": i, "delta": {"tool_calls": calls}, "finish_reason": None}]))
-                        yield _sse(chunk(turn.cid, model, [{"index": i, "delta": {}, "finish_reason": a.finish_reason()}]))
+                        yield _sse(chunk(turn.cid, model, [{"index": i, "delta": {}, "finish_reason": a.finish_reason()}],
+                                         fingerprint=fingerprint(a.gen.weight_version)))
                     else:
                         running -= 1
                         yield _sse({"error": {"message": a.message, "type": a.type, "code": a.code}})
@@ -345,6 +446,94 @@ class Gateway:
             return False
         self._emit(session, [(r, NextState(kind="outcome", text=text, reward=reward, done=done)) for r in session.pending()])
         return True
+
+
+    # ------------------------------------------------------------ scoring (probes of the teacher)
+    async def score(self, req: ScoreRequest) -> dict:
+        """Each response token's log-prob under the current policy, with the hint spliced in as the judge does.
+
+        The response is tokenized from text (this is a measurement, never training data)."""
+        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+        prompt = self.renderer.encode_messages([m.as_dict() for m in req.messages], tools=tools)
+        if req.hint:
+            try:
+                prompt = self.renderer.with_hint(prompt, req.hint)
+            except ValueError as e:
+                raise GatewayError(400, f"cannot place the hint: {e}") from None
+        response = self.renderer.encode_text(req.response) + [self.renderer.im_end_id]
+        self._checked_prompt(prompt)
+        key = f"score-{completion_id()}"
+        try:
+            scored = await self.router.call(key, lambda e: e.score(prompt + response, first_scored=len(prompt),
+                                                                   temperature=req.temperature))
+        except NoEngineError as e:
+            raise GatewayError(503, str(e), "engine_unavailable") from None
+        except EngineError as e:
+            raise engine_failure(e) from None
+        return {"logprobs": scored.prompt_logprobs, "tokens": len(response), "weight_version": scored.weight_version,
+                "temperature": req.temperature}
+
+    # ------------------------------------------------------------ pre-collected logs (clawr1/gateway/ingest.py)
+    async def ingest(self, req: IngestRequest) -> dict:
+        """Every assistant turn of a logged conversation to the judge, with what followed it; counts and reasons."""
+        if self.ingest_ledger is None:
+            self.ingest_ledger = IngestLedger(self.run_dir)
+        messages = [m.as_dict() for m in req.messages]
+        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+        conversation = content_id(req.session_id, messages, tools)
+        session = f"ingest-{req.session_id or conversation}"
+        turns = logged_turns(messages, tools, session, req.feedback, req.reward)
+        out: dict = {"conversation_id": conversation, "session_id": session, "turns": len(turns), "ingested": 0,
+                     "duplicates": 0, "skipped": []}
+        added = []
+        try:
+            for turn in turns:
+                reason = await self._ingest_turn(turn, session, tools)
+                if reason == "":
+                    added.append(turn.turn_id)
+                elif reason == "duplicate":
+                    out["duplicates"] += 1
+                else:
+                    why, _, detail = reason.partition(": ")
+                    out["skipped"].append({"turn": turn.index, "reason": why, "detail": detail})
+        finally:  # what was queued stays queued, also when a later turn fails: a retry adds only the rest
+            self.ingest_ledger.add(added)
+            self.metrics.inc("ingested_turns", len(added), help="turns of pre-collected logs sent to the judge")
+        out["ingested"] = len(added)
+        return out
+
+    async def _ingest_turn(self, turn, session: str, tools: Optional[list[dict]]) -> str:
+        """Queue one logged turn for the judge; "" when queued, else why not ("duplicate" or a reason to skip)."""
+        if turn.turn_id in self.ingest_ledger:
+            return "duplicate"
+        if not turn.prompt_messages:
+            return "no prompt before it"
+        if turn.next_state is None:
+            return "no next state"
+        prompt = self.renderer.encode_messages(turn.prompt_messages, tools=tools)
+        response = self.renderer.encode_text(message_content(turn.reply, tools)) + [self.renderer.im_end_id]
+        if len(prompt) > self.cfg.max_prompt_tokens or (self.max_context and len(prompt) + len(response) > self.max_context):
+            return f"over the context limit: {len(prompt)} + {len(response)} tokens"
+        try:
+            scored = await self.router.call(session, lambda e: e.score(prompt + response, first_scored=len(prompt)))
+        except NoEngineError as e:
+            raise GatewayError(503, str(e), "engine_unavailable") from None
+        except EngineError as e:
+            if 400 <= e.status < 500:
+                return f"over the context limit: the engine refused it ({str(e)[:200]})"
+            raise engine_failure(e) from None
+        now = time.time()
+        record = TurnRecord(
+            session_id=session, turn_index=turn.index, prompt_ids=prompt, response_ids=response,
+            rollout_logprobs=scored.prompt_logprobs, versions=[scored.weight_version] * len(response), temperature=1.0,
+            messages=turn.prompt_messages, tools=tools, response_text=str(turn.reply.get("content") or ""),
+            finish_reason="stop", next_state=turn.next_state, created_at=now, sent_at=now, ingested=True)
+        try:
+            await asyncio.wait_for(self.judge_queue.put(record), INGEST_QUEUE_WAIT_S)
+        except asyncio.TimeoutError:
+            raise GatewayError(503, f"the judge queue stayed full for {INGEST_QUEUE_WAIT_S:.0f}s; retry later",
+                               "judge_busy", code="judge_busy") from None
+        return ""
 
 
 class _Turn:
@@ -392,7 +581,8 @@ class _Turn:
             record = TurnRecord(
                 session_id=self.session_id, turn_index=s.turns, segment=s.segment, main=True,
                 prompt_ids=self.prompt, response_ids=c.gen.output_ids, rollout_logprobs=c.gen.logprobs,
-                versions=c.gen.versions, messages=self.messages, tools=self.tools, response_text=c.text,
+                versions=c.gen.versions, temperature=sampled_temperature(self.req), messages=self.messages,
+                tools=self.tools, response_text=c.text,
                 finish_reason=c.gen.finish_reason, group_id=group, task_id=self.ctx.task_id, created_at=time.time())
             s.turns += 1
             replies.append((c.history_message(), c.gen.output_ids, record))
@@ -407,11 +597,27 @@ class _Turn:
             self.gw.session_locks.release(self.session_id)
 
 
+def sampled_temperature(req: ChatCompletionRequest) -> float:
+    """The temperature a turn's log-probs were taken at: the request's, or 1 (the default, and greedy decoding's)."""
+    t = 1.0 if req.temperature is None else req.temperature
+    return t if t >= 1e-6 else 1.0
+
+
 def engine_failure(e: EngineError) -> GatewayError:
     """An engine's 4xx means the request cannot be served (e.g. longer than the context): the client's 400."""
     if 400 <= e.status < 500:
         return GatewayError(400, f"the engine refused the request: {e}", code="engine_rejected")
     return GatewayError(502, f"the engine failed: {e}", "engine_error")
+
+
+def _top_k(req: ChatCompletionRequest) -> int:
+    """How many alternatives per output token the engine must return."""
+    return (req.top_logprobs or 0) if req.logprobs else 0
+
+
+def fingerprint(weight_version: int) -> str:
+    """OpenAI's `system_fingerprint`: here, the weight version that produced the reply."""
+    return f"clawr1-v{weight_version}"
 
 
 def _sse(obj: dict) -> bytes:

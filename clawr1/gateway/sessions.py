@@ -11,16 +11,23 @@ break is counted.
 
 A request with n > 1 leaves n candidate continuations; the next request picks
 one by the assistant message it sends back.
+
+The store is the only code that changes a session, so its count of the token
+ids all sessions hold (the memory bound `max_tokens`) stays exact.
 """
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
-from clawr1.gateway.chat_template import ChatRenderer
+import msgspec
+
+from clawr1.chat import ChatRenderer
 from clawr1.protocol import NextState, TurnRecord
 
 
@@ -42,6 +49,7 @@ class Session:
     tools: Optional[list[dict]] = None
     candidates: list[Candidate] = field(default_factory=list)
     last_seen: float = field(default_factory=time.monotonic)
+    counted: int = 0  # the tokens of this session in the store's total (0 once it left the table)
 
     @property
     def size(self) -> int:
@@ -49,6 +57,22 @@ class Session:
 
     def pending(self) -> list[TurnRecord]:
         return [c.record for c in self.candidates]
+
+
+class SavedCandidate(msgspec.Struct):
+    messages: list[dict[str, Any]]
+    token_ids: list[int]
+    record: TurnRecord
+
+
+class SavedSession(msgspec.Struct):
+    """A session as a stopped gateway leaves it, so a resumed run continues it token-exact."""
+
+    id: str
+    segment: int
+    turns: int
+    tools: Optional[list[dict[str, Any]]]
+    candidates: list[SavedCandidate]
 
 
 def _arguments(value: Any) -> Any:
@@ -120,7 +144,6 @@ class SessionStore:
                replies: list[tuple[dict, list[int], TurnRecord]], prompt_ids: list[int], asked: list[tuple]) -> None:
         """Remember each reply's history, with its exact ids, as a candidate for the next request
         (`asked`: the canonical forms of `messages`)."""
-        self.tokens -= session.size
         session.tools = tools
         session.candidates = []
         for reply, response_ids, record in replies:
@@ -128,7 +151,18 @@ class SessionStore:
             if not response_ids or response_ids[-1] != self.renderer.im_end_id:
                 ids = ids + [self.renderer.im_end_id]  # template token closing a truncated reply; never trained
             session.candidates.append(Candidate(list(messages) + [reply], ids, record, asked + [canonical(reply)]))
-        self.tokens += session.size
+        self._recount(session)
+
+    def release(self, session: Session, records: list[TurnRecord]) -> None:
+        """Forget these pending turns (they went to the judge) and the history they held."""
+        gone = {id(r) for r in records}
+        session.candidates = [c for c in session.candidates if id(c.record) not in gone]
+        self._recount(session)
+
+    def _recount(self, session: Session) -> None:
+        if self.sessions.get(session.id) is session:  # a session that left the table counts for nothing
+            self.tokens += session.size - session.counted
+            session.counted = session.size
 
     def expired(self) -> list[Session]:
         """Remove and return sessions idle past the TTL, or beyond the session or token bounds."""
@@ -143,8 +177,32 @@ class SessionStore:
                 break
         return out
 
+    def save(self, path: Path) -> int:
+        """Write every session with its pending turns to `path` (atomically); returns how many."""
+        saved = [SavedSession(s.id, s.segment, s.turns, s.tools,
+                              [SavedCandidate(c.messages, c.token_ids, c.record) for c in s.candidates])
+                 for s in self.sessions.values()]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(msgspec.msgpack.encode(saved))
+        os.replace(tmp, path)
+        return len(saved)
+
+    def load(self, path: Path) -> int:
+        """Take back the sessions a stopped gateway saved (the file is consumed); returns how many."""
+        saved = msgspec.msgpack.decode(path.read_bytes(), type=list[SavedSession])
+        for s in saved:
+            session = self.get(s.id)
+            session.segment, session.turns, session.tools = s.segment, s.turns, s.tools
+            session.candidates = [Candidate(c.messages, c.token_ids, c.record, [canonical(m) for m in c.messages])
+                                  for c in s.candidates]
+            self._recount(session)
+        path.unlink()
+        return len(saved)
+
     def close(self, session_id: str) -> Optional[Session]:
         s = self.sessions.pop(session_id, None)
         if s is not None:
-            self.tokens -= s.size
+            self.tokens -= s.counted
+            s.counted = 0
         return s

@@ -20,8 +20,6 @@ from clawr1.protocol import TurnRecord
 
 class EnvJudge:
     def __init__(self, cfg: JudgeConfig, prm_url: str = ""):
-        if cfg.env_reward not in ("last_turn", "all_turns"):
-            raise ValueError(f"judge.env_reward must be last_turn or all_turns, got {cfg.env_reward!r}")
         self.cfg = cfg
         self.prm = LlmJudge(cfg, prm_url) if cfg.prm_coef else None
         self.held: OrderedDict[str, list[TurnRecord]] = OrderedDict()

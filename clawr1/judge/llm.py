@@ -11,7 +11,7 @@ import aiohttp
 import orjson
 
 from clawr1.config import JudgeConfig
-from clawr1.gateway.chat_template import IM_END, IM_START
+from clawr1.chat import render_text
 from clawr1.judge.rules import Verdict
 from clawr1.judge.votes import (EVAL_SYSTEM, HINT_SYSTEM, Vote, agreement, best_hint, majority, parse_eval, parse_hint,
                                 render_context)
@@ -24,8 +24,6 @@ class LlmJudge:
         if not self.url:
             raise ValueError("judge.backend=llm (or env with prm_coef) needs judge.llm_url, or `clawr1 run` to start "
                              "a PRM engine")
-        if cfg.llm_api not in ("openai", "generate"):
-            raise ValueError(f"judge.llm_api must be openai or generate, got {cfg.llm_api!r}")
         self.cfg = cfg
         self.counts: Counter = Counter()
         self.agreement_sum = 0.0
@@ -52,7 +50,8 @@ class LlmJudge:
                         self.counts["endpoint_errors"] += 1
                         return ""
                     return orjson.loads(await r.read())["choices"][0]["message"]["content"] or ""
-            text = (f"{IM_START}system\n{system}{IM_END}\n{IM_START}user\n{user}{IM_END}\n{IM_START}assistant\n")
+            text = render_text([{"role": "system", "content": system}, {"role": "user", "content": user}],
+                               add_generation_prompt=True)
             body = {"text": text, "sampling_params": {"temperature": c.vote_temperature, "max_new_tokens": c.vote_max_tokens}}
             async with self.http.post(self.url + "/generate", json=body) as r:
                 if r.status != 200:

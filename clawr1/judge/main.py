@@ -10,37 +10,42 @@ reported.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import random
 import time
 from collections import Counter
 from typing import Optional
 
 from clawr1 import bus, protocol
 from clawr1.config import Config
-from clawr1.gateway.chat_template import ChatRenderer
+from clawr1.chat import ChatRenderer
 from clawr1.judge.env import EnvJudge
 from clawr1.judge.llm import LlmJudge
+from clawr1.judge.noise import noisy_score
 from clawr1.judge.rules import RulePatterns, Verdict, judge_rules
-from clawr1.judge.teacher import Teacher
+from clawr1.engine_api.client import EngineClient
+from clawr1.judge.teacher import Teacher, TeacherScores
 from clawr1.protocol import Ack, Sample, TurnRecord
-from clawr1.serving.client import EngineClient, Generation
 
 log = logging.getLogger("clawr1.judge")
 
 
-def make_sample(record: TurnRecord, verdict: Verdict, teacher: Optional[Generation]) -> Sample:
+def make_sample(record: TurnRecord, verdict: Verdict, scores: Optional[TeacherScores]) -> Sample:
     """One Sample carrying every signal the turn earned: its reward, and the teacher's scores if it had a hint."""
     n = len(record.response_ids)
     sid = f"{record.session_id}/{record.segment}/{record.turn_index}"
+    teacher = scores.generation if scores else None
     return Sample(
         sample_id=sid, group_id=record.group_id or sid, task_id=record.task_id,
         tokens=record.prompt_ids + record.response_ids, prompt_len=len(record.prompt_ids), loss_mask=[1] * n,
-        rollout_logprobs=record.rollout_logprobs, versions=record.versions, reward=verdict.score,
-        teacher_logprobs=teacher.prompt_logprobs if teacher else None,
+        rollout_logprobs=record.rollout_logprobs, versions=record.versions, temperature=record.temperature,
+        reward=verdict.score, teacher_logprobs=teacher.prompt_logprobs if teacher else None,
+        teacher_temperature=scores.temperature if scores else record.temperature,
         teacher_topk_ids=teacher.prompt_top_ids if teacher and teacher.prompt_top_ids else None,
         teacher_topk_logprobs=teacher.prompt_top_logprobs if teacher and teacher.prompt_top_ids else None,
         teacher_version=teacher.weight_version if teacher else None, hint=verdict.hint, votes=verdict.votes,
-        session_id=record.session_id, turn_index=record.turn_index, created_at=time.time(),
+        session_id=record.session_id, turn_index=record.turn_index, created_at=time.time(), ingested=record.ingested,
     )
 
 
@@ -51,20 +56,18 @@ class Judge:
         self.cfg = cfg
         self.patterns = RulePatterns.compile(cfg.judge.correction_patterns, cfg.judge.directive_patterns)
         backend = cfg.judge.backend
-        if backend not in ("rules", "llm", "env"):
-            raise ValueError(f"judge.backend must be rules, llm or env, got {backend!r}")
         self.llm = LlmJudge(cfg.judge, cfg.prm_url) if backend == "llm" else None
         self.env = EnvJudge(cfg.judge, cfg.prm_url) if backend == "env" else None
         self.renderer = ChatRenderer(tokenizer)
         self.teacher: Optional[Teacher] = None
-        if cfg.judge.teacher not in ("policy", "frozen", "none"):
-            raise ValueError(f"judge.teacher must be policy, frozen or none, got {cfg.judge.teacher!r}")
         if cfg.judge.teacher != "none":
-            if cfg.judge.teacher == "frozen" and not (cfg.judge.teacher_url or cfg.judge.teacher_port):
-                raise ValueError("judge.teacher=frozen needs judge.teacher_url (an engine serving the frozen weights)")
+            if cfg.judge.teacher in ("frozen", "lagged") and not (cfg.judge.teacher_url or cfg.judge.teacher_port):
+                raise ValueError(f"judge.teacher={cfg.judge.teacher} needs judge.teacher_url (an engine serving the "
+                                 "teacher's weights) or `clawr1 run` to start one")
             self.teacher = Teacher(EngineClient(cfg.teacher_engine_url), self.renderer)
         self.pool = bus.AsyncRpcClient(cfg.pool_samples_addr, timeout_s=30.0)
         self.counts: Counter = Counter()
+        self.noise_rng = random.Random(f"judge-noise-{cfg.run.seed}")
         self.latency_sum = 0.0
         self.latency_n = 0
         self.waits: list[float] = []  # queueing delay (gateway queue + socket) of records since the last report
@@ -89,10 +92,16 @@ class Judge:
 
     async def _emit(self, record: TurnRecord, verdict: Verdict) -> None:
         teacher = None
+        j = self.cfg.judge
+        if j.score_noise or j.score_abstain:
+            reported = noisy_score(verdict.score, j.score_noise, j.score_abstain, self.noise_rng)
+            if reported != verdict.score:
+                self.counts["scores_abstained" if reported == 0.0 else "scores_flipped"] += 1
+            verdict = dataclasses.replace(verdict, score=reported)
         if verdict.hint and self.teacher is not None and record.response_ids:
             teacher = await self.teacher.score(record.prompt_ids, record.response_ids, verdict.hint,
-                                               self.cfg.judge.teacher_topk)
-            self.version = max(self.version, teacher.weight_version)
+                                               self.cfg.judge.teacher_topk, record.temperature)
+            self.version = max(self.version, teacher.generation.weight_version)
         self.counts["judged"] += 1
         self.counts[f"score_{'none' if verdict.score is None else int(verdict.score)}"] += 1
         if verdict.score is None and teacher is None:
@@ -110,19 +119,22 @@ class Judge:
             except bus.BusTimeout:
                 log.warning("pool did not acknowledge %s in time; retrying", sample.sample_id)
                 continue
-            if isinstance(ack, Ack) and ack.ok:
+            if not isinstance(ack, Ack):
+                raise TypeError(f"the pool answered a Sample with {type(ack).__name__}")
+            if ack.ok:
                 self.counts["samples_sent"] += 1
                 return
-            error = getattr(ack, "error", str(ack))
-            if "retry" not in error:
+            if not ack.retry:
                 self.counts["samples_refused"] += 1
-                log.error("pool refused sample %s: %s", sample.sample_id, error)
+                log.error("pool refused sample %s: %s", sample.sample_id, ack.error)
                 return
+            self.counts["pool_full_retries"] += 1
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
     def received(self, record: TurnRecord) -> None:
         self.counts["received"] += 1
+        self.counts["received_ingested"] += record.ingested
         self.inflight += 1
         if record.sent_at:
             self.waits.append(max(0.0, time.time() - record.sent_at))
@@ -201,7 +213,7 @@ async def serve(cfg: Config, judge: Judge, stop: asyncio.Event, on_ready=None) -
 
 def main(cfg: Config) -> int:
     from clawr1.runtime import mark_ready, setup_logging
-    from clawr1.tinymodel.build import resolve_model_path
+    from clawr1.model_path import resolve_model_path
     from transformers import AutoTokenizer
 
     setup_logging("judge")

@@ -5,21 +5,24 @@
 - a user reply that corrects ("No. Please put the answer in <ans> tags.") -> -1,
   the directive sentences as the hint;
 - a user reply that re-asks the same question -> -1, no hint;
-- a tool reply with an error or failing tests -> -1, the error as the hint;
-- a tool reply whose tests all pass ("5 passed in 0.3s", "All tests passed") -> +1;
+- a tool reply whose structured status says the call failed (`{"ok": false, "error": ...}`, a non-zero
+  `exit_code`, `timed_out`: the format of envs/agentic's tool messages, one JSON object per tool
+  message) -> -1, the error as the hint; a tool reply that is not structured gives no score: the
+  words in free text ("error" in a file the agent printed) are never read as a verdict;
 - a user reply that moves on -> +1.
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Optional
 
 from clawr1.protocol import TurnRecord
-
-TOOL_ERROR = re.compile(r"\b(error|exception|traceback|failed|not found|no such file|invalid)\b", re.I)
-TESTS_PASSED = re.compile(r"\b([1-9]\d* (tests? )?passed|all tests passed)\b", re.I)  # "0 passed" is no success
-_SENTENCE = re.compile(r"[^.!?\n]+[.!?]?")
+# A sentence runs to . ! ? or a line end, but a quoted span ('Certainly.', "Hope this helps!") is one piece:
+# a quote opens after a non-letter (so the apostrophe in "don't" opens nothing) and closes before one.
+_QUOTED = r"""(?<![A-Za-z])'[^'\n]*'(?![A-Za-z])|(?<![A-Za-z])"[^"\n]*"(?![A-Za-z])"""
+_SENTENCE = re.compile(rf"(?:{_QUOTED}|[^.!?\n])+[.!?]?")
 
 
 @dataclass
@@ -46,6 +49,22 @@ def _is_reask(next_text: str, previous_question: str) -> bool:
     return len(q) > 8 and q in next_text
 
 
+def tool_failure(text: str) -> Optional[str]:
+    """What went wrong, if any structured tool result (one JSON object per line) says its call failed."""
+    for line in text.splitlines():
+        try:
+            status = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(status, dict) or "ok" not in status:
+            continue
+        exit_code = status.get("exit_code")
+        if status["ok"] is False or status.get("timed_out") or (isinstance(exit_code, int) and exit_code != 0):
+            why = status.get("error") or ("timed out" if status.get("timed_out") else f"exit code {exit_code}")
+            return f"The tool call failed: {why}"
+    return None
+
+
 @dataclass
 class RulePatterns:
     corrections: list[re.Pattern]
@@ -67,10 +86,9 @@ def judge_rules(record: TurnRecord, patterns: RulePatterns, max_hint_chars: int 
         hint = ns.text[:max_hint_chars] if (ns.reward is not None and ns.reward < 0) else ""
         return Verdict(ns.reward, hint=hint, reason="outcome")
     if ns.kind == "tool":
-        if TOOL_ERROR.search(ns.text):
-            return Verdict(-1.0, hint=ns.text[:max_hint_chars], reason="tool error")
-        if TESTS_PASSED.search(ns.text):
-            return Verdict(1.0, reason="tests passed")
+        failure = tool_failure(ns.text)
+        if failure is not None:
+            return Verdict(-1.0, hint=failure[:max_hint_chars], reason="tool call failed")
         return Verdict(None, reason="tool output without a verdict")
     directive = directive_sentences(ns.text, patterns.directives)
     if directive:

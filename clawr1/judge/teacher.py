@@ -1,26 +1,26 @@
 """Teacher log-probs: the policy with the hint in its context, scored on the exact sampled response.
 
 The hint is spliced into the recorded prompt ids by token operations: its
-rendered tokens go right before the `<|im_end|>` that closes the last user
-message. The response ids are appended untouched, so every teacher log-prob
-lines up with a token the student actually sampled.
+rendered tokens go right before the end-of-message token that closes the last
+user message. The response ids are appended untouched, so every teacher log-prob
+lines up with a token the student actually sampled. The teacher is scored at the
+temperature the student sampled at when its engine can (the embedded engine);
+otherwise (SGLang: raw logits) at 1, and the sample says which, so the trainer
+compares the student at the same temperature.
 """
 from __future__ import annotations
 
-from clawr1.gateway.chat_template import ChatRenderer
-from clawr1.serving.client import EngineClient, Generation
+from dataclasses import dataclass
+from typing import Optional
+
+from clawr1.chat import ChatRenderer
+from clawr1.engine_api.client import EngineClient, Generation
 
 
-def splice_hint(prompt_ids: list[int], hint_ids: list[int], user_header_ids: list[int], im_end_id: int) -> list[int]:
-    """Insert `hint_ids` before the end of the last user message (or of the last message if none)."""
-    n = len(user_header_ids)
-    starts = [i for i in range(len(prompt_ids) - n + 1) if prompt_ids[i:i + n] == user_header_ids]
-    search_from = starts[-1] + n if starts else 0
-    ends = [i for i in range(search_from, len(prompt_ids)) if prompt_ids[i] == im_end_id]
-    if not ends:
-        raise ValueError("the prompt has no closed message to put the hint in")
-    at = ends[0] if starts else ends[-1]
-    return prompt_ids[:at] + hint_ids + prompt_ids[at:]
+@dataclass
+class TeacherScores:
+    generation: Generation  # .prompt_logprobs: one per response token; .prompt_top_*: top-k rows, if asked
+    temperature: float  # what the log-probs were taken at
 
 
 class Teacher:
@@ -29,18 +29,26 @@ class Teacher:
     def __init__(self, engine: EngineClient, renderer: ChatRenderer):
         self.engine = engine
         self.renderer = renderer
-        self.user_header_ids = renderer.encode_text("<|im_start|>user\n")
+        self._tempered: Optional[bool] = None  # whether the engine scores at a temperature (asked once)
 
     def teacher_prompt(self, prompt_ids: list[int], hint: str) -> list[int]:
-        hint_ids = self.renderer.encode_text("\n" + hint)
-        return splice_hint(prompt_ids, hint_ids, self.user_header_ids, self.renderer.im_end_id)
+        return self.renderer.with_hint(prompt_ids, hint)
 
-    async def score(self, prompt_ids: list[int], response_ids: list[int], hint: str, top_k: int = 0) -> Generation:
-        """The teacher's log-prob of each response token (and its top-k at each position, if asked)."""
+    async def can_temper(self) -> bool:
+        if self._tempered is None:
+            self._tempered = bool((await self.engine.model_info()).get("input_logprob_temperature"))
+        return self._tempered
+
+    async def score(self, prompt_ids: list[int], response_ids: list[int], hint: str, top_k: int = 0,
+                    temperature: float = 1.0) -> TeacherScores:
+        """The teacher's log-prob of each response token (and its top-k at each position, if asked), at the
+        student's sampling `temperature` when the engine can."""
         prompt = self.teacher_prompt(prompt_ids, hint)
-        result = await self.engine.score(prompt + response_ids, first_scored=len(prompt), top_k=top_k)
+        temperature = temperature if await self.can_temper() else 1.0
+        result = await self.engine.score(prompt + response_ids, first_scored=len(prompt), top_k=top_k,
+                                         temperature=temperature)
         if len(result.prompt_logprobs) != len(response_ids):
             raise RuntimeError(f"teacher returned {len(result.prompt_logprobs)} log-probs for {len(response_ids)} tokens")
         if top_k and len(result.prompt_top_ids) != len(response_ids):
             raise RuntimeError(f"teacher returned top-k for {len(result.prompt_top_ids)} of {len(response_ids)} tokens")
-        return result
+        return TeacherScores(result, temperature)

@@ -7,6 +7,7 @@ import zmq
 
 from clawr1.bus import RpcServer
 from clawr1.config import Config
+from clawr1.record_log import CorruptLog
 from clawr1.pool.store import PoolError, SamplePool
 from clawr1.protocol import Ack, BatchRequest, Commit, ErrorReply, Sample, StatsRequest
 from clawr1.runtime import mark_ready, setup_logging, stop_event
@@ -51,8 +52,12 @@ def _serve_trainer(server: RpcServer, pool: SamplePool, max_batch: int) -> None:
 def main(cfg: Config) -> int:
     log = setup_logging("pool")
     stop = stop_event()
-    pool = SamplePool(cfg.run_dir / "pool", cfg.pool.max_staleness, cfg.pool.max_pending, cfg.pool.fsync,
-                      cfg.pool.group_size, cfg.pool.group_timeout_s)
+    try:
+        pool = SamplePool(cfg.run_dir / "pool", cfg.pool.max_staleness, cfg.pool.max_pending, cfg.pool.fsync,
+                          cfg.pool.group_size, cfg.pool.group_timeout_s)
+    except CorruptLog as e:
+        log.error("%s", e)
+        return 1
     s = pool.stats()
     log.info("pool at %s: %d pending, %d leased batches, cursor at batch %d", pool.dir, s.pending, len(pool.leases),
              s.committed_batch_id)

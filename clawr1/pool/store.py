@@ -22,7 +22,7 @@ from typing import Callable, Optional, Union
 
 import msgspec
 
-from clawr1.pool.log import RecordLog
+from clawr1.record_log import RecordLog
 from clawr1.protocol import Ack, Batch, BatchRequest, NoBatch, PoolStats, Sample
 
 
@@ -105,7 +105,8 @@ class SamplePool:
             if s.sample_id in self.seen or any(f.sample_id == s.sample_id for f in fresh):
                 acks.append(Ack(id=s.sample_id))  # a retry of something already durable
             elif len(self.pending) + len(fresh) >= self.max_pending:
-                acks.append(Ack(id=s.sample_id, ok=False, error="pool full, retry later"))
+                acks.append(Ack(id=s.sample_id, ok=False, retry=True,
+                                error=f"pool full ({self.max_pending} samples pending)"))
             else:
                 fresh.append(s)
                 acks.append(Ack(id=s.sample_id))
@@ -171,7 +172,8 @@ class SamplePool:
         return None
 
     def _is_stale(self, s: Sample, trainer_version: int) -> bool:
-        return bool(s.versions) and trainer_version - min(s.versions) > self.max_staleness
+        """Too old to train on-policy; ingested logs are off-policy by nature and never count as stale."""
+        return not s.ingested and bool(s.versions) and trainer_version - min(s.versions) > self.max_staleness
 
     def _record(self, lease: Lease) -> None:
         self._ledger.append(lease)

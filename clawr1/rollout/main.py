@@ -1,68 +1,49 @@
 """`clawr1 rollout`: drive an environment's episodes through the gateway, many at once.
 
 The environment class comes from an import path (`rollout.env`), slime-style,
-and talks to the policy only through the gateway with the official `openai`
-client, exactly like any external agent. Held-out evaluation runs as side turns
-(never trained on) every `rollout.eval_every` weight versions, and once more at
-the final version; then the loop reports done and idles until stopped.
+implements `clawr1.environment.Environment`, and talks to the policy only through
+the gateway with the official `openai` client, exactly like any external agent.
+Held-out evaluation runs as side turns (never trained on) every
+`rollout.eval_every` weight versions, and once more at the final version; then
+the loop reports done and idles until stopped. Each evaluation record names the
+environment's headline metric (`eval_metric`), so the progress line and
+`clawr1 report` need not know the environment.
 """
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import random
 import signal
 import time
 from collections import defaultdict
-from typing import Any, Optional
+from typing import Any
 
 import httpx
 import openai
 
 from clawr1 import bus, protocol
 from clawr1.config import Config
+from clawr1.chat_client import GatewayChat
+from clawr1.environment import check_environment
 from clawr1.protocol import WeightsPublished
-from clawr1.runtime import mark_ready, ready_file, setup_logging
+from clawr1.runtime import load_object, mark_ready, ready_file, resolve_api_key, setup_logging
 from clawr1.tracking import MetricsWriter
 
 log = logging.getLogger("clawr1.rollout")
 
 
 def load_env(import_path: str, args: dict[str, Any], seed: int) -> Any:
-    module_name, _, cls_name = import_path.partition(":")
-    if not cls_name:
-        raise ValueError(f"rollout.env must look like 'package.module:Class', got {import_path!r}")
-    return getattr(importlib.import_module(module_name), cls_name)(args, seed=seed)
+    env = load_object(import_path, "rollout.env")(args, seed=seed)
+    check_environment(env, import_path)
+    return env
 
 
-class GatewayChat:
-    """The environment's view of the policy: chat through the gateway as a session."""
-
-    def __init__(self, cfg: Config):
-        from clawr1.gateway.app import resolve_api_key
-
-        api_key = resolve_api_key(cfg.gateway) or "unused-on-loopback"
-        r = cfg.rollout
-        self.model = cfg.gateway.model_name
-        self.params = {"max_tokens": r.max_tokens, "temperature": r.temperature, "top_p": r.top_p}
-        self.client = openai.AsyncOpenAI(base_url=f"{cfg.gateway_url}/v1", api_key=api_key,
-                                         timeout=r.request_timeout_s, max_retries=2)
-        self.http = httpx.AsyncClient(base_url=cfg.gateway_url, timeout=30, headers={"Authorization": f"Bearer {api_key}"})
-
-    async def chat(self, session_id: str, messages: list[dict], *, side: bool = False, seed: Optional[int] = None) -> str:
-        resp = await self.client.chat.completions.create(
-            model=self.model, messages=messages, seed=seed, **self.params,
-            extra_headers={"X-Session-Id": session_id, "X-Turn-Type": "side" if side else "main"})
-        return resp.choices[0].message.content or ""
-
-    async def complete(self, session_id: str, reward: float, text: str = "") -> None:
-        resp = await self.http.post(f"/v1/sessions/{session_id}/complete", json={"reward": reward, "text": text})
-        resp.raise_for_status()
-
-    async def close(self) -> None:
-        await self.client.close()
-        await self.http.aclose()
+def gateway_chat(cfg: Config) -> GatewayChat:
+    """The environment's view of the policy: chat through the run's gateway with the rollout's sampling."""
+    r = cfg.rollout
+    return GatewayChat(cfg.gateway_url, resolve_api_key(cfg.gateway), cfg.gateway.model_name, r.max_tokens,
+                       r.temperature, r.top_p, r.request_timeout_s)
 
 
 class Rollout:
@@ -102,16 +83,20 @@ class Rollout:
         try:
             t0 = time.monotonic()
             result = await self.env.evaluate(self.chat, self.cfg.rollout.eval_size, f"eval-v{version}")
-            result.update(eval_version=version, eval_s=time.monotonic() - t0)
+            missing = [m for m in self.env.eval_metrics if m not in result]
+            if missing:
+                raise ValueError(f"{self.cfg.rollout.env}.evaluate did not report {', '.join(missing)}")
+            result.update(eval_version=version, eval_s=time.monotonic() - t0, eval_metric=self.env.eval_metrics[0])
             self.metrics.log(result, step=version)
-            log.info("evaluation at version %d: %s", version, {k: round(v, 3) for k, v in result.items()})
+            log.info("evaluation at version %d: %s", version,
+                     {k: round(v, 3) for k, v in result.items() if isinstance(v, (int, float))})
         finally:
             self.workers_may_run.set()
 
     def report(self) -> None:
         data = {f"{k}_mean": sum(v) / len(v) for k, v in self.window.items() if v}
         data.update(episodes=self.episodes, version=self.version, pool_backlog=self.pool_backlog)
-        data.update(getattr(self.env, "report", dict)())  # an environment's own counters, if it keeps any
+        data.update(self.env.report())  # the environment's own counters
         self.metrics.log(data, step=self.version)
         self.window.clear()
 
@@ -151,9 +136,9 @@ def done_file(cfg: Config):
 async def run(cfg: Config, stop: asyncio.Event) -> None:
     env = load_env(cfg.rollout.env, cfg.rollout.env_args, cfg.run.seed)
     metrics = MetricsWriter(cfg.run_dir, "rollout")
-    chat = GatewayChat(cfg)
+    chat = gateway_chat(cfg)
     ro = Rollout(cfg, env, chat, metrics)
-    log.info("environment %s: %s", cfg.rollout.env, getattr(env, "describe", dict)())
+    log.info("environment %s: %s", cfg.rollout.env, env.describe())
     every = cfg.rollout.eval_every
 
     async def on_version(version: int) -> None:
@@ -167,9 +152,6 @@ async def run(cfg: Config, stop: asyncio.Event) -> None:
 
     tasks = [asyncio.create_task(ro.follow_versions(on_version))]
     if cfg.rollout.max_pool_backlog:
-        if cfg.rollout.max_pool_backlog < cfg.pool.batch_size:
-            raise ValueError(f"rollout.max_pool_backlog ({cfg.rollout.max_pool_backlog}) must be at least "
-                             f"pool.batch_size ({cfg.pool.batch_size}), or the trainer would wait forever")
         tasks.append(asyncio.create_task(ro.watch_pool(cfg.rollout.max_pool_backlog)))
     mark_ready(cfg, "rollout")
     if every:

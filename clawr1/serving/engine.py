@@ -7,9 +7,23 @@ is tagged with the weight version that produced it, so a weight swap never
 fails a request: tokens before the swap carry the old version, tokens after it
 the new one.
 
+No KV entry outlives the weights that computed it. There is no prefix cache
+across requests (a slot's keys and values are rewritten by each prefill), and a
+weight change retracts every running request, as SGLang's `retract` pause does:
+its slot is released and it goes back to the front of the queue, to be
+prefilled again (prompt + the tokens it has so far) under the new weights
+before it samples its next token. So a request that spans an update gets, from
+the update on, exactly the log-probs a cold request for the same tokens gets.
+Pause modes follow SGLang: `abort` ends every request, `retract` retracts the
+running ones, `in_place` keeps them in their slots; `flush_cache` is refused
+while a request holds a slot, or while requests wait and the engine is not paused.
+
 Log-prob conventions follow SGLang: output log-probs are log_softmax(logits / T)
 over the full vocabulary (top-p/top-k do not change them); prompt log-probs use
 the raw logits; the stop token is part of `output_ids` and of the log-probs.
+One extension SGLang lacks: a request may set `input_logprob_temperature` to take
+its prompt log-probs at a temperature (the judge scores a teacher at the
+temperature the student sampled at); /get_model_info advertises it.
 """
 from __future__ import annotations
 
@@ -91,6 +105,7 @@ class GenerateRequest:
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
+    input_logprob_temperature: float = 1.0  # prompt log-probs are log_softmax(logits / this)
     stream: bool = False  # emit an event per token (otherwise only the final result)
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
 
@@ -112,6 +127,7 @@ class _Running:
     finish: Optional[dict] = None
     stop_text_cut: Optional[int] = None
     slot: int = -1  # KV cache slot while running
+    retractions: int = 0  # times its KV cache was dropped (pause in retract mode, weight change)
 
 
 class Engine:
@@ -203,8 +219,10 @@ class Engine:
         return self.control(lambda: self._load_state(state, version, partial=True))
 
     def pause(self, mode: str = "abort") -> None:
-        """Stop stepping. `abort` finishes every request now (SGLang's default); `in_place`/`retract` keep them
-        (with their KV caches) to continue after `resume`. New requests queue meanwhile; none is refused."""
+        """Stop stepping, as SGLang's /pause_generation does. `abort` (SGLang's default) finishes every
+        request now with finish_reason abort; `retract` releases the running requests' KV caches and
+        queues them again (they are recomputed after `resume`); `in_place` keeps them in their slots.
+        New requests queue meanwhile; none is refused."""
         if mode not in ("abort", "in_place", "retract"):
             raise RequestError(f"pause mode must be abort, in_place or retract, got {mode!r}")
 
@@ -212,8 +230,19 @@ class Engine:
             self._paused = True
             if mode == "abort":
                 self._abort({r.req.rid for r in self._running} | {r.req.rid for r in self._waiting})
+            elif mode == "retract":
+                self._retract_running()
 
         self.control(do)
+
+    def flush_cache(self) -> bool:
+        """SGLang's rule: refused (False) while a request holds KV, or while requests wait and the engine runs.
+
+        There is no prefix cache to drop (see the module doc), so an accepted flush changes nothing."""
+        def do() -> bool:
+            return not self._running and (self._paused or not self._waiting)
+
+        return self.control(do)
 
     def resume(self) -> None:
         def do() -> None:
@@ -264,8 +293,19 @@ class Engine:
         with torch.no_grad():
             for name, tensor in state.items():
                 own[name].copy_(tensor)
+        self._retract_running()  # their caches hold the old weights' keys and values
         self.weight_version = self.weight_version + 1 if version is None else version
         return self.weight_version
+
+    def _retract_running(self) -> None:
+        """Release the running requests' slots and queue them first, to be prefilled again (scheduler thread)."""
+        running, self._running = [r for r in self._running if r.finish is None], []
+        for r in running:
+            self.runner.cache.release(r.slot)
+            r.slot = -1
+            r.retractions += 1
+        with self._wake:
+            self._waiting.extendleft(reversed(running))
 
     def _loop(self) -> None:
         while True:
@@ -317,9 +357,14 @@ class Engine:
         self.steps += 1
 
     def _prefill(self, r: _Running) -> None:
+        """A new request's prompt, or a retracted one's prompt + output so far; then its next token."""
         req = r.req
         r.slot = self.runner.cache.take()
-        hidden = self.runner.prefill(torch.tensor(req.input_ids), r.slot)
+        hidden = self.runner.prefill(torch.tensor(req.input_ids + r.output_ids), r.slot)
+        if r.output_ids:  # retracted: its prompt log-probs were taken the first time
+            self._running.append(r)
+            self._sample([r], self.runner.logits(hidden[-1:]))
+            return
         if req.return_logprob and 0 <= req.logprob_start_len < len(req.input_ids):
             self._prompt_logprobs(r, hidden)
         if req.params.max_new_tokens == 0:
@@ -331,7 +376,8 @@ class Engine:
     def _prompt_logprobs(self, r: _Running, hidden: torch.Tensor) -> None:
         """SGLang's layout: entry k is [logprob of x_{s+k} given x_{<s+k}, x_{s+k}, None], entry 0 has no logprob."""
         s, ids = r.req.logprob_start_len, r.req.input_ids
-        logp = torch.log_softmax(self.runner.logits(hidden[s:-1]), dim=-1) if s < len(ids) - 1 else None
+        temperature = r.req.input_logprob_temperature
+        logp = torch.log_softmax(self.runner.logits(hidden[s:-1]) / temperature, dim=-1) if s < len(ids) - 1 else None
         targets = torch.tensor(ids[s + 1:])
         values = logp.gather(1, targets[:, None])[:, 0].tolist() if logp is not None else []
         r.input_logprobs = [[None, ids[s], None]] + [[v, t, None] for v, t in zip(values, ids[s + 1:])]
@@ -405,6 +451,7 @@ class Engine:
             "prompt_tokens": len(req.input_ids),
             "completion_tokens": len(ids),
             "cached_tokens": 0,
+            "num_retractions": r.retractions,
             "weight_version": str(r.versions[-1] if r.versions else self.weight_version),
             "weight_versions": _version_spans(r.versions),
             "e2e_latency": time.time() - r.created,

@@ -10,7 +10,7 @@ from clawr1.config import Config
 from clawr1.runtime import freeze_startup_objects, setup_logging
 from clawr1.serving.engine import Engine
 from clawr1.serving.server import create_app
-from clawr1.tinymodel.build import resolve_model_path
+from clawr1.model_path import resolve_model_path
 
 log = logging.getLogger("clawr1.serve")
 
@@ -22,8 +22,6 @@ def main(cfg: Config) -> int:
         from clawr1.serving.sglang import serve_sglang
 
         return serve_sglang(cfg, str(path))
-    if cfg.serve.backend != "embedded":
-        raise SystemExit(f"serve.backend must be embedded or sglang, got {cfg.serve.backend!r}")
     torch.set_num_threads(cfg.serve.num_threads)
     engine = Engine(path, dtype=cfg.serve.dtype, max_running=cfg.serve.max_running_requests)
     log.info("engine on %s serving %s", cfg.engine_url, path)

@@ -10,7 +10,11 @@ cache with one slot per running request:
   the slots' caches (a mask hides each slot's unused tail).
 
 New requests are prefilled between decode steps and join the next batch
-(continuous batching).
+(continuous batching). Nothing in the cache is shared between requests or kept
+for later ones: `take` hands out a slot whose length is 0 and `prefill` writes
+it from position 0, so a request never reads keys and values another request
+(or another weight version) wrote. The engine retracts running requests on a
+weight change and prefills them again (clawr1/serving/engine.py).
 """
 from __future__ import annotations
 

@@ -8,7 +8,12 @@ from typing import Any, AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
+from clawr1.engine_api.client import EMBEDDED_ENGINE
+from clawr1.engine_api.versions import parse_version
 from clawr1.serving.engine import Engine, GenerateRequest, RequestError, SamplingParams
+
+
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-3, 100.0  # logits / a smaller temperature overflow to inf
 
 
 def _error(message: str, status: int = 400) -> JSONResponse:
@@ -51,6 +56,11 @@ def parse_generate(body: dict, tokenizer: Any) -> tuple[list[GenerateRequest], b
     n = len(prompts)
     params = [SamplingParams.from_dict(p) for p in _per_prompt(body.get("sampling_params") or {}, n, "sampling_params")]
     rid = body.get("rid")
+    input_temperature = body.get("input_logprob_temperature", 1.0)
+    if (not isinstance(input_temperature, (int, float)) or isinstance(input_temperature, bool)
+            or not MIN_TEMPERATURE <= input_temperature <= MAX_TEMPERATURE):
+        raise RequestError(f"input_logprob_temperature must be a number in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}], "
+                           f"got {input_temperature!r}")
     requests = []
     for i, (ids, sp) in enumerate(zip(prompts, params)):
         for j in range(sp.n):
@@ -60,7 +70,8 @@ def parse_generate(body: dict, tokenizer: Any) -> tuple[list[GenerateRequest], b
             requests.append(GenerateRequest(
                 input_ids=list(ids), params=sp, return_logprob=bool(body.get("return_logprob") or False),
                 logprob_start_len=int(body["logprob_start_len"]) if body.get("logprob_start_len") is not None else -1,
-                top_logprobs_num=int(body.get("top_logprobs_num") or 0), stream=bool(body.get("stream")), **kwargs))
+                top_logprobs_num=int(body.get("top_logprobs_num") or 0), input_logprob_temperature=float(input_temperature),
+                stream=bool(body.get("stream")), **kwargs))
     return requests, batch or any(p.n > 1 for p in params)
 
 
@@ -83,7 +94,16 @@ def create_app(engine: Engine) -> FastAPI:
             "model_path": engine.model_path, "tokenizer_path": engine.model_path, "is_generation": True,
             "weight_version": str(engine.weight_version), "model_type": engine.model.config.model_type,
             "architectures": engine.model.config.architectures, "served_model_name": engine.model_path,
+            "input_logprob_temperature": True,  # clawr1 extension: prompt log-probs at a temperature
         }
+
+    @app.get("/server_info")
+    @app.get("/get_server_info")
+    async def server_info() -> dict:
+        """What a weight publisher asks first (clawr1.engine_api.client.update_protocol): this is not SGLang,
+        pause with retract (running requests are recomputed), no weight-update session needed."""
+        return {"engine": EMBEDDED_ENGINE, "model_path": engine.model_path, "max_running_requests": engine.max_running,
+                "context_length": engine.max_context, "weight_version": str(engine.weight_version)}
 
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(request: Request) -> Response:
@@ -102,6 +122,8 @@ def create_app(engine: Engine) -> FastAPI:
 
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(request: Request) -> JSONResponse:
+        """Loads between decode steps. `flush_cache` is accepted and needs no action: the engine keeps no KV
+        across a weight change (running requests are retracted and recomputed, see clawr1/serving/engine.py)."""
         body = await _json_body(request)
         if not body.get("model_path"):
             return JSONResponse({"success": False, "message": "model_path is required", "num_paused_requests": 0}, 400)
@@ -115,18 +137,19 @@ def create_app(engine: Engine) -> FastAPI:
 
     @app.post("/update_weights_from_tensor")
     async def update_weights_from_tensor(request: Request) -> JSONResponse:
-        """Tensors in the request itself. The embedded engine takes `load_format: "safetensors"`: each entry of
-        `serialized_named_tensors` is base64 of a safetensors file (SGLang's own format is a pickle, which an
-        HTTP endpoint must not unpickle)."""
-        body = await _json_body(request)
+        """Tensors in the request itself, in one of two forms.
+
+        JSON (SGLang's shape): `load_format: "safetensors"`, each entry of `serialized_named_tensors` base64 of
+        a safetensors file (SGLang's own format is a pickle, which an HTTP endpoint must not unpickle).
+        Raw (`Content-Type: application/octet-stream`, clawr1's push across nodes): the body is the safetensors
+        file itself, streamed in chunks, and the version is the `weight_version` query parameter or the
+        `X-Weight-Version` header; a third less to send than base64, and nothing to decode."""
         try:
-            if (body.get("load_format") or "safetensors") != "safetensors":
-                raise RequestError(f"load_format {body.get('load_format')!r} is not supported; use 'safetensors'")
-            entries = body.get("serialized_named_tensors")
-            if not isinstance(entries, list) or not entries:
-                raise RequestError("serialized_named_tensors must be a non-empty list")
-            state = _decode_tensors(entries[0])  # one entry per TP rank; the embedded engine is one rank
-            new = await asyncio.to_thread(engine.update_weights_from_tensors, state, _version(body.get("weight_version")))
+            if request.headers.get("content-type", "").split(";")[0].strip() == OCTET_STREAM:
+                state, version = await _raw_tensors(request)
+            else:
+                state, version = _json_tensors(await _json_body(request))
+            new = await asyncio.to_thread(engine.update_weights_from_tensors, state, version)
         except RequestError as e:
             return JSONResponse({"success": False, "message": str(e)}, 400)
         return JSONResponse({"success": True, "message": f"Succeeded to update model weights. Weight version updated to {new}."})
@@ -152,18 +175,56 @@ def create_app(engine: Engine) -> FastAPI:
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> PlainTextResponse:
-        return PlainTextResponse("Cache flushed.\n")  # no prefix cache to flush (yet)
+        """As SGLang: plain text, 200, or 400 while a request holds KV or waits on a running engine (SGLang's 400
+        body is "Flush cache failed."; this one says what is pending)."""
+        if await asyncio.to_thread(engine.flush_cache):
+            return PlainTextResponse("Cache flushed.\nPlease check backend logs for more details. (When there are "
+                                     "running or waiting requests, the operation will not be performed.)\n")
+        load = engine.load
+        return PlainTextResponse("Cache not flushed because there are pending requests. "
+                                 f"#queue-req: {load['waiting']}, #running-req: {load['running']}\n", status_code=400)
 
     return app
 
 
 def _version(value: Any) -> int | None:
+    """An update's weight_version: None bumps the engine's own; else a count of publishes (or "default": 0)."""
     if value is None:
         return None
     try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise RequestError(f"weight_version must be an integer (as a string or number), got {value!r}") from None
+        return parse_version(value)
+    except ValueError as e:
+        raise RequestError(f"weight_version: {e}") from None
+
+
+OCTET_STREAM = "application/octet-stream"
+
+
+def _json_tensors(body: dict) -> tuple[dict, int | None]:
+    if (body.get("load_format") or "safetensors") != "safetensors":
+        raise RequestError(f"load_format {body.get('load_format')!r} is not supported; use 'safetensors'")
+    entries = body.get("serialized_named_tensors")
+    if not isinstance(entries, list) or not entries:
+        raise RequestError("serialized_named_tensors must be a non-empty list")
+    return _decode_tensors(entries[0]), _version(body.get("weight_version"))  # one entry per TP rank; we are one
+
+
+async def _raw_tensors(request: Request) -> tuple[dict, int | None]:
+    """The safetensors bytes of a raw push, read chunk by chunk into one buffer, and the version it names."""
+    from safetensors.torch import load
+
+    version = request.query_params.get("weight_version", request.headers.get("x-weight-version"))
+    buffer = bytearray()
+    async for chunk in request.stream():
+        buffer += chunk
+    if not buffer:
+        raise RequestError("the body is empty: send the safetensors file as the body")
+    try:
+        return load(bytes(buffer)), _version(version)
+    except RequestError:
+        raise
+    except Exception as e:  # not a safetensors file
+        raise RequestError(f"the body is not a safetensors file: {type(e).__name__}") from None
 
 
 def _decode_tensors(entry: Any) -> dict:

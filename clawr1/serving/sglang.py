@@ -6,7 +6,6 @@ SGLang needs a GPU, so nothing here runs SGLang on CPU machines: the contract te
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
@@ -19,19 +18,9 @@ from typing import Optional, Sequence
 import httpx
 
 from clawr1.config import Config, SGLangConfig
+from clawr1.runtime import exit_status, signal_group, start_process, wait_group_gone
 
 log = logging.getLogger("clawr1.serve")
-
-DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")  # launch_server's --dtype choices
-# Value flags that launch_command sets from the config: extra_args may not repeat them, since
-# argparse would silently keep the last one and the config would no longer say what runs.
-MANAGED_FLAGS = frozenset({
-    "--model-path", "--model", "--host", "--port", "--tp-size", "--tensor-parallel-size",
-    "--mem-fraction-static", "--context-length", "--dtype", "--tool-call-parser", "--reasoning-parser",
-    "--weight-version",
-})
-PR_SET_PDEATHSIG = 1
-
 
 class SGLangStartError(RuntimeError):
     """The SGLang server exited or stayed unhealthy while starting; the message names its log file."""
@@ -40,34 +29,21 @@ class SGLangStartError(RuntimeError):
 # ---------------------------------------------------------------- the command
 
 
-def _validate(s: SGLangConfig, model_path: str, port: int, weight_version: int) -> None:
-    """Reject values SGLang would refuse late (after minutes of loading) or misread."""
+def _validate(model_path: str, port: int, weight_version: int) -> None:
+    """Reject what the config tree cannot check: values filled in at run time."""
     if not model_path:
         raise ValueError("model_path is empty: SGLang needs an HF model directory or hub id")
     if not 1 <= port <= 65535:
         raise ValueError(f"port must be in 1..65535, got {port} (serve.port=0 is only filled in by `clawr1 run`)")
-    if s.tp_size < 1:
-        raise ValueError(f"serve.sglang.tp_size must be >= 1, got {s.tp_size}")
-    if s.mem_fraction_static != 0 and not 0 < s.mem_fraction_static < 1:
-        raise ValueError(f"serve.sglang.mem_fraction_static must be 0 (SGLang's default) or in (0, 1), "
-                         f"got {s.mem_fraction_static}")
-    if s.context_length < 0:
-        raise ValueError(f"serve.sglang.context_length must be >= 0 (0: the model's), got {s.context_length}")
-    if s.dtype not in DTYPES:
-        raise ValueError(f"serve.sglang.dtype must be one of {', '.join(DTYPES)}, got {s.dtype!r}")
     if weight_version < 0:
         raise ValueError(f"weight_version must be >= 0, got {weight_version}")
-    for arg in s.extra_args:
-        if arg.split("=", 1)[0] in MANAGED_FLAGS:
-            raise ValueError(f"serve.sglang.extra_args sets {arg.split('=', 1)[0]}, which clawr1 sets from the "
-                             "config; change the config key instead")
 
 
 def launch_command(cfg: Config, model_path: str, port: int, weight_version: int = 0) -> list[str]:
     """`python -m sglang.launch_server ...` for this config, validated (ValueError names the bad key)."""
     s = cfg.serve.sglang
-    _validate(s, model_path, port, weight_version)
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path,
+    _validate(model_path, port, weight_version)
+    cmd = [python_of(s), "-m", "sglang.launch_server", "--model-path", model_path,
            "--host", cfg.serve.host, "--port", str(port), "--tp-size", str(s.tp_size), "--dtype", s.dtype]
     if s.mem_fraction_static:
         cmd += ["--mem-fraction-static", str(s.mem_fraction_static)]
@@ -83,39 +59,6 @@ def launch_command(cfg: Config, model_path: str, port: int, weight_version: int 
 
 
 # ---------------------------------------------------------------- the process
-
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGKILL it when the thread that started it dies, even on kill -9."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass  # not Linux: stop() still runs on every normal exit path
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether a live process is left in the group. Zombies do not count: they wait on their reaper, not on us."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    if not os.path.isdir("/proc"):
-        return True
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            state, _ppid, pgrp = stat.read_text().rsplit(")", 1)[1].split()[:3]
-        except (OSError, IndexError, ValueError):
-            continue  # exited while we looked
-        if int(pgrp) == pgid and state != "Z":
-            return True
-    return False
 
 
 def _tail(path: Path, lines: int = 20) -> str:
@@ -149,11 +92,7 @@ class SGLangServer:
     def start(self) -> "SGLangServer":
         if self.proc is not None:
             raise RuntimeError("this SGLangServer was already started")
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as out:
-            self.proc = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True,
-                                         preexec_fn=_die_with_parent if self.die_with_parent else None)
+        self.proc = start_process(self.command, self.log_path, dies_with_parent=self.die_with_parent)
         log.info("started SGLang (pid %d, log %s): %s", self.proc.pid, self.log_path, " ".join(self.command))
         return self
 
@@ -198,17 +137,6 @@ class SGLangServer:
         """Block until the server process exits; its return code (negative: killed by that signal)."""
         return self._started().wait()
 
-    def _group_gone(self, timeout_s: float) -> bool:
-        """Whether every process of the group has exited within timeout_s (reaping the leader as we go)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            self.proc.poll()  # reap the leader
-            if not _group_alive(self.proc.pid):
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.05)
-
     def stop(self, timeout_s: float = 20.0) -> Optional[int]:
         """SIGTERM this server's process group, SIGKILL it after timeout_s; the leader's return code.
 
@@ -217,11 +145,11 @@ class SGLangServer:
         if self.proc is None:
             return None
         pgid = self.proc.pid  # start_new_session: the group id is the leader's PID
-        _signal_group(pgid, signal.SIGTERM)
-        if not self._group_gone(timeout_s):
+        signal_group(pgid, signal.SIGTERM)
+        if not wait_group_gone(self.proc, timeout_s):
             log.warning("SGLang (pid %d) did not stop within %.0fs; killing its process group", pgid, timeout_s)
-            _signal_group(pgid, signal.SIGKILL)
-            self._group_gone(5.0)
+            signal_group(pgid, signal.SIGKILL)
+            wait_group_gone(self.proc, 5.0)
         return self.proc.wait()
 
     def __enter__(self) -> "SGLangServer":
@@ -234,19 +162,19 @@ class SGLangServer:
 # ---------------------------------------------------------------- `clawr1 serve` with serve.backend=sglang
 
 
-def _require_sglang() -> None:
-    try:
-        import sglang  # noqa: F401
-    except ImportError as e:
-        raise SystemExit(f"serve.backend=sglang, but SGLang is not installed ({e}); "
-                         "on a GPU machine run `pip install -e .[gpu]`") from None
+def python_of(s: SGLangConfig) -> str:
+    return str(Path(s.python).expanduser()) if s.python else sys.executable
 
 
-def _exit_code(returncode: Optional[int]) -> int:
-    """A child's return code as a process exit status (killed by signal N: 128 + N, as shells report it)."""
-    if returncode is None:
-        return 1
-    return 128 - returncode if returncode < 0 else returncode
+def _require_sglang(s: SGLangConfig) -> None:
+    """SGLang must import in the environment it runs in (serve.sglang.python), which need not be this one."""
+    python = python_of(s)
+    probe = subprocess.run([python, "-c", "import sglang; print(getattr(sglang, '__version__', '?'))"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        error = (probe.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SystemExit(f"serve.backend=sglang, but SGLang does not import with {python} ({error}); install it in "
+                         "its own environment and set serve.sglang.python (README: 'GPU install')")
+    log.info("SGLang %s in %s", probe.stdout.strip(), python)
 
 
 def _interrupt_once(signum: int, frame) -> None:
@@ -263,16 +191,16 @@ def serve_sglang(cfg: Config, model_path: str) -> int:
     RUN_DIR/logs/sglang-server.log; a server that dies or stays unhealthy while starting raises
     SGLangStartError naming that file.
     """
-    _require_sglang()
+    _require_sglang(cfg.serve.sglang)
     server = SGLangServer(cfg, model_path, cfg.serve.port, cfg.run_dir / "logs" / "sglang-server.log")
     previous = {sig: signal.signal(sig, _interrupt_once) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         with server:
             server.wait_healthy(cfg.serve.sglang.startup_timeout_s)
             log.info("SGLang serving %s on %s", model_path, server.url)
-            return _exit_code(server.wait())
+            return exit_status(server.wait())
     except KeyboardInterrupt:
-        code = _exit_code(server.stop())  # already stopped on leaving `with`, unless the signal came mid-start
+        code = exit_status(server.stop())  # already stopped on leaving `with`, unless the signal came mid-start
         log.info("stop requested; SGLang stopped")
         return code
     finally:

@@ -1,10 +1,12 @@
 """`clawr1 init-model`: a tiny tokenizer and Qwen2 model, built and warm-started locally.
 
 No downloads. The byte-level BPE tokenizer is trained on text shipped in the
-repo plus warm-start conversations from the personal-agent environment; the
-model is a small Qwen2-architecture network in HF format, warm-started with a
-short supervised pass on those conversations. Results are cached by a hash of
-everything that goes into them, so a second call returns at once.
+repo plus warm-start conversations; the model is a small Qwen2-architecture
+network in HF format, warm-started with a short supervised pass on those
+conversations. The conversations are passed in (`Conversations`: a function
+(n, seed) -> [(messages, tools)], named in the config by import path), so this
+module knows no environment. Results are cached by a hash of everything that
+goes into them, so a second call returns at once.
 """
 from __future__ import annotations
 
@@ -14,16 +16,18 @@ import json
 import math
 import shutil
 import time
-from dataclasses import asdict
 from pathlib import Path
+from typing import Callable, Optional
 
 import torch
 
-from clawr1.config import ModelConfig, TinyModelConfig
-from clawr1.gateway.chat_template import CHATML_JINJA, END_OF_TEXT, IM_END, IM_START, ChatRenderer
+from clawr1.chat import CHATML_JINJA, END_OF_TEXT, IM_END, IM_START, ChatRenderer, render_text
+from clawr1.config import TinyModelConfig
 
 BUILD_VERSION = 2  # bump when the build procedure changes, to invalidate caches
 CORPUS_DIR = Path(__file__).parent / "corpus"
+Conversation = tuple[list[dict], Optional[list[dict]]]  # (messages, tools)
+Conversations = Callable[[int, int], list[Conversation]]  # (how many, seed) -> conversations
 SPECIAL_TOKENS = [END_OF_TEXT, IM_START, IM_END, "<tool_call>", "</tool_call>", "<tool_response>",
                   "</tool_response>", "<think>", "</think>"]
 
@@ -32,15 +36,18 @@ def _log(msg: str) -> None:
     print(f"[init-model] {msg}", flush=True)
 
 
-def spec_hash(cfg: TinyModelConfig) -> str:
+def _spec(cfg: TinyModelConfig) -> dict:
+    """What the build depends on in the config (the warm-start import path is hashed through its data)."""
+    return cfg.model_dump(exclude={"warm_start"})
+
+
+def spec_hash(cfg: TinyModelConfig, conversations: Conversations) -> str:
     """Everything the build trains on: config, corpus, and a sample of the rendered warm-start data.
 
     Hashing the rendered data rather than source files means a refactor of the env or
     chat-template code does not force a rebuild, while any change to what the model sees does.
     """
-    from envs.personal.warmstart import conversations
-
-    h = hashlib.sha256(json.dumps(asdict(cfg), sort_keys=True).encode())
+    h = hashlib.sha256(json.dumps(_spec(cfg), sort_keys=True).encode())
     h.update(str(BUILD_VERSION).encode())
     for path in sorted(CORPUS_DIR.glob("*.txt")):
         h.update(path.read_bytes())
@@ -49,11 +56,8 @@ def spec_hash(cfg: TinyModelConfig) -> str:
     return h.hexdigest()[:12]
 
 
-def _conversation_texts(convs: list[tuple[list[dict], list | None]]) -> list[str]:
-    from clawr1.gateway.chat_template import message_content
-
-    return ["".join(f"{IM_START}{m['role']}\n{message_content(m, tools)}{IM_END}\n" for m in msgs)
-            for msgs, tools in convs]
+def _conversation_texts(convs: list[Conversation]) -> list[str]:
+    return [render_text(msgs, tools) for msgs, tools in convs]
 
 
 def train_tokenizer(texts: list[str], vocab_size: int):
@@ -103,7 +107,7 @@ def _batches(examples: list[tuple[list[int], list[int]]], batch_size: int, steps
         yield ids, mask
 
 
-def warm_start(model: torch.nn.Module, tokenizer, convs: list[tuple[list[dict], list | None]],
+def warm_start(model: torch.nn.Module, tokenizer, convs: list[Conversation],
                cfg: TinyModelConfig) -> list[float]:
     """Supervised pass on assistant tokens; returns the loss curve (one value per 100 steps)."""
     renderer = ChatRenderer(tokenizer)
@@ -133,9 +137,7 @@ def warm_start(model: torch.nn.Module, tokenizer, convs: list[tuple[list[dict], 
     return curve
 
 
-def build_tiny_model(cfg: TinyModelConfig, out_dir: Path) -> Path:
-    from envs.personal.warmstart import conversations
-
+def build_tiny_model(cfg: TinyModelConfig, out_dir: Path, conversations: Conversations) -> Path:
     torch.manual_seed(cfg.seed)
     convs = conversations(cfg.sft_examples, cfg.seed)
     texts = [p.read_text() for p in sorted(CORPUS_DIR.glob("*.txt"))] + _conversation_texts(convs)
@@ -148,15 +150,14 @@ def build_tiny_model(cfg: TinyModelConfig, out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
-    (out_dir / "clawr1_build.json").write_text(json.dumps({"spec": asdict(cfg), "loss_curve": curve}, indent=1))
+    (out_dir / "clawr1_build.json").write_text(json.dumps({"spec": cfg.model_dump(), "loss_curve": curve}, indent=1))
     return out_dir
 
 
-def ensure_tiny_model(model_cfg: ModelConfig) -> Path:
+def ensure_tiny_model(cfg: TinyModelConfig, cache: Path, conversations: Conversations) -> Path:
     """Path of the cached tiny model, building it first if needed (safe across processes)."""
-    cache = Path(model_cfg.cache_dir).expanduser()
     cache.mkdir(parents=True, exist_ok=True)
-    final = cache / f"tiny-qwen2-{spec_hash(model_cfg.tiny)}"
+    final = cache / f"tiny-qwen2-{spec_hash(cfg, conversations)}"
     with open(cache / f"{final.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a second builder waits, then finds the cache
         if (final / "config.json").exists():
@@ -164,17 +165,7 @@ def ensure_tiny_model(model_cfg: ModelConfig) -> Path:
         tmp = cache / f"{final.name}.partial"
         shutil.rmtree(tmp, ignore_errors=True)
         t0 = time.time()
-        build_tiny_model(model_cfg.tiny, tmp)
+        build_tiny_model(cfg, tmp, conversations)
         tmp.rename(final)
         _log(f"built {final} in {time.time() - t0:.0f}s")
     return final
-
-
-def resolve_model_path(model_cfg: ModelConfig) -> Path:
-    """The HF model directory a run uses: the configured one, or the tiny model."""
-    if model_cfg.path:
-        path = Path(model_cfg.path).expanduser()
-        if not (path / "config.json").exists():
-            raise FileNotFoundError(f"model.path {path} holds no config.json (an HF model directory is expected)")
-        return path
-    return ensure_tiny_model(model_cfg)

@@ -56,6 +56,20 @@ def _set_rng_state(state: dict) -> None:
         get_cuda_rng_tracker().set_states(state["megatron"])
 
 
+def parameter_state_file(ckpt: Path, model_parallel_rank: int) -> Path:
+    """The distributed optimizer's state of one model-parallel shard (written by its data-parallel rank 0).
+
+    Every tensor-parallel rank holds a different shard, so each writes its own file, as Megatron-LM's
+    mp_rank_XX directories do; one shared name would let the ranks overwrite each other."""
+    return ckpt / f"optimizer_parameter_state_mp{model_parallel_rank:03d}.pt"
+
+
+def _model_parallel_rank() -> int:
+    from megatron.core import parallel_state
+
+    return parallel_state.get_tensor_model_parallel_rank()
+
+
 def step_dir(root: Path, step: int) -> Path:
     return root / f"step{step:06d}"
 
@@ -71,8 +85,8 @@ def save(root: Path, meta: CheckpointMeta, model: torch.nn.Module, optimizer, ke
     dist.barrier()
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": _rng_state()},
                tmp / f"rank{rank:03d}.pt")
-    if hasattr(optimizer, "save_parameter_state"):  # megatron's distributed optimizer (CUDA)
-        optimizer.save_parameter_state(str(tmp / "optimizer_parameter_state.pt"))
+    if hasattr(optimizer, "save_parameter_state"):  # megatron's distributed optimizer (CUDA): one file per TP shard
+        optimizer.save_parameter_state(str(parameter_state_file(tmp, _model_parallel_rank())))
     dist.barrier()
     if rank == 0:
         (tmp / "meta.json").write_text(json.dumps(asdict(meta), indent=1))
@@ -105,6 +119,6 @@ def load(path: Path, model: torch.nn.Module, optimizer, tp: int, dp: int) -> Che
     if optimizer is not None:
         optimizer.load_state_dict(state["optimizer"])
         if hasattr(optimizer, "load_parameter_state"):
-            optimizer.load_parameter_state(str(path / "optimizer_parameter_state.pt"))
+            optimizer.load_parameter_state(str(parameter_state_file(path, _model_parallel_rank())))
     _set_rng_state(state["rng"])
     return meta

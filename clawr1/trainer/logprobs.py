@@ -28,9 +28,10 @@ def vocab_parallel_logprob_entropy(logits: Tensor, ids: Tensor, vocab_start: int
                                    group=None) -> tuple[Tensor, Tensor]:
     """log p of the given token ids, and the entropy, for each row.
 
-    `logits` [n, V_shard] hold vocab ids vocab_start.. of this rank; `ids` [n, m]
-    are full-vocabulary ids (the sampled token, then any others such as the
-    teacher's top k): one gather for all of them. Returns ([n, m], [n]).
+    `logits` [n, V_shard] hold vocab ids vocab_start.. of this rank (columns that pad
+    the vocabulary hold -inf); `ids` [n, m] are full-vocabulary ids (the sampled
+    token, then any others such as the teacher's top k): one gather for all of
+    them. Returns ([n, m], [n]).
     """
     row_max = logits.detach().max(dim=-1, keepdim=True).values
     if group is not None:
@@ -43,29 +44,33 @@ def vocab_parallel_logprob_entropy(logits: Tensor, ids: Tensor, vocab_start: int
     mine = (local >= 0) & (local < logits.shape[-1])
     picked = shifted.gather(1, local.clamp(0, logits.shape[-1] - 1)) * mine
     logp = _sum(picked, group) - log_z[:, None]
-    expected_logit = _sum((exp * shifted).sum(dim=-1), group) / sum_exp
+    # padding columns are exp 0 and shifted -inf, and 0 * -inf is NaN: they add nothing to the entropy
+    finite = torch.where(torch.isfinite(shifted), shifted, torch.zeros_like(shifted))
+    expected_logit = _sum((exp * finite).sum(dim=-1), group) / sum_exp
     entropy = log_z - expected_logit
     return logp, entropy
 
 
 def chunked_logprob_entropy(hidden: Tensor, targets: Tensor, logits_fn: Callable[[Tensor], Tensor],
                             vocab_start: int, group=None, chunk_tokens: int = 1024,
-                            extra_ids: Optional[Tensor] = None,
+                            extra_ids: Optional[Tensor] = None, temperatures: Optional[Tensor] = None,
                             recompute: Optional[bool] = None) -> tuple[Tensor, Tensor, Optional[Tensor]]:
-    """Apply `logits_fn` ([n, H] -> [n, V_shard]) chunk by chunk.
+    """Apply `logits_fn` ([n, H] -> [n, V_shard]) chunk by chunk, dividing each row's logits by its
+    temperature (`temperatures` [T]; None: 1).
 
     Returns (log p of targets [T], entropy [T], log p of extra_ids [T, k] or None).
     """
     recompute = torch.is_grad_enabled() and hidden.requires_grad if recompute is None else recompute
     ids = targets[:, None] if extra_ids is None else torch.cat([targets[:, None], extra_ids], dim=1)
+    temps = hidden.new_ones(hidden.shape[0], dtype=torch.float32) if temperatures is None else temperatures.float()
 
-    def one(h: Tensor, i: Tensor) -> tuple[Tensor, Tensor]:
-        return vocab_parallel_logprob_entropy(logits_fn(h), i, vocab_start, group)
+    def one(h: Tensor, i: Tensor, t: Tensor) -> tuple[Tensor, Tensor]:
+        return vocab_parallel_logprob_entropy(logits_fn(h) / t[:, None], i, vocab_start, group)
 
     logps, ents = [], []
     for start in range(0, hidden.shape[0], chunk_tokens):
-        h, i = hidden[start:start + chunk_tokens], ids[start:start + chunk_tokens]
-        lp, ent = checkpoint(one, h, i, use_reentrant=False) if recompute else one(h, i)
+        h, i, t = (x[start:start + chunk_tokens] for x in (hidden, ids, temps))
+        lp, ent = checkpoint(one, h, i, t, use_reentrant=False) if recompute else one(h, i, t)
         logps.append(lp)
         ents.append(ent)
     if not logps:

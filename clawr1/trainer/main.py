@@ -1,11 +1,13 @@
 """`clawr1 train`: the trainer loop, top to bottom.
 
     build the Megatron policy from the HF weights (or resume from the newest checkpoint)
-    repeat until run.max_steps:
+    repeat until run.max_steps (0: until stopped, as live runs do):
         rank 0 asks the pool for the batch after the last one trained; every rank gets it
+        (no batch yet: wait, polling less often the longer nothing comes)
         one optimizer step (each data-parallel rank on its share)
-        publish the new weights to the engines (version + 1)
+        publish the new weights to the engines (weight version = steps taken)
         every trainer.checkpoint_every steps: checkpoint, then commit the batches to the pool
+    on the last step or on SIGTERM: checkpoint what is not yet checkpointed
 
 A batch is committed only once a checkpoint holds its effect, so after a crash
 the trainer resumes from its checkpoint and the pool serves the uncommitted
@@ -24,7 +26,7 @@ from clawr1 import bus
 from clawr1.config import Config
 from clawr1.protocol import Batch, BatchRequest, Commit, NoBatch
 from clawr1.runtime import mark_ready, setup_logging, stop_event
-from clawr1.tinymodel.build import resolve_model_path
+from clawr1.model_path import resolve_model_path
 from clawr1.tracking import MetricsWriter
 from clawr1.trainer import checkpoint
 from clawr1.trainer.megatron_setup import ParallelInfo, init_parallel, shutdown_parallel
@@ -40,21 +42,27 @@ class NoDataError(RuntimeError):
     """The pool produced no batch for longer than trainer.batch_wait_timeout_s."""
 
 
-def wait_for_batch(pool: bus.RpcClient, version: int, last_batch_id: int, batch_size: int, timeout_s: float,
-                   stop) -> Optional[Batch]:
-    deadline = time.monotonic() + timeout_s
-    reported = time.monotonic()
+MAX_POLL_S = 1.0  # an idle trainer asks the pool at most this often
+
+
+def wait_for_batch(pool: bus.RpcClient, version: int, last_batch_id: int, batch_size: int,
+                   timeout_s: Optional[float], stop) -> Optional[Batch]:
+    """The next batch, or None once `stop` is set; NoDataError after `timeout_s` without one (None: wait forever)."""
+    start = reported = time.monotonic()
+    poll_s = 0.05
     while not stop.is_set():
         reply = pool.call(BatchRequest(trainer_version=version, last_batch_id=last_batch_id, batch_size=batch_size))
         if isinstance(reply, Batch):
             return reply
         assert isinstance(reply, NoBatch)
-        if time.monotonic() > deadline:
+        waited = time.monotonic() - start
+        if timeout_s is not None and waited > timeout_s:
             raise NoDataError(f"no batch from the pool in {timeout_s:.0f}s ({reply.reason}); is rollout producing samples?")
-        if time.monotonic() - reported > 30:
+        if time.monotonic() - reported > (30 if timeout_s is not None else 300):
             log.info("waiting for samples: %s", reply.reason)
             reported = time.monotonic()
-        stop.wait(0.25)
+        stop.wait(poll_s)
+        poll_s = min(poll_s * 2, MAX_POLL_S)
     return None
 
 
@@ -84,8 +92,8 @@ def use_transformer_engine(setting: str) -> bool:
 def build(cfg: Config, par: ParallelInfo, model_path) -> tuple[Policy, object]:
     t = cfg.trainer
     cuda = torch.cuda.is_available()
-    if t.precision not in ("fp32", "bf16") or (t.precision == "bf16" and not cuda):
-        raise ValueError(f"trainer.precision={t.precision!r}: use fp32, or bf16 on CUDA")
+    if t.precision == "bf16" and not cuda:
+        raise ValueError("trainer.precision=bf16 needs CUDA; use fp32 on this machine")
     dtype = torch.bfloat16 if t.precision == "bf16" else torch.float32
     policy = build_policy(model_path, par.tp, par.tp_rank, dtype=dtype, use_te=use_transformer_engine(t.transformer_engine))
     if cuda:
@@ -96,7 +104,7 @@ def build(cfg: Config, par: ParallelInfo, model_path) -> tuple[Policy, object]:
 
 
 def progress_line(step: int, max_steps: int, version: int, stats: dict) -> str:
-    return (f"step {step}/{max_steps} | version {version} | samples {stats['samples']} | "
+    return (f"step {step}{f'/{max_steps}' if max_steps else ''} | version {version} | samples {stats['samples']} | "
             f"reward {stats['reward_mean']:+.3f} | hint rate {stats['hint_rate']:.2f} | "
             f"loss {stats['pg_loss']:+.4f} | {stats['tokens_per_s']:.0f} tok/s")
 
@@ -111,7 +119,8 @@ class Trainer:
         self.publisher = WeightPublisher(cfg, self.model_path) if self.lead else None
         self.metrics = MetricsWriter(cfg.run_dir, "trainer") if self.lead else None
         self.ckpt_root = cfg.run_dir / "checkpoints"
-        self.step = self.version = self.last_batch_id = 0
+        self.step = self.last_batch_id = 0
+        self.checkpointed_step = 0  # the newest step a checkpoint holds
         self.baselines: dict[str, float] = {}  # per-task EMA reward baselines (algo.singleton_baseline=ema)
         self.ref_policy = None
         if cfg.algo.kl_coef:  # the frozen initial policy, for the KL regularizer
@@ -125,18 +134,24 @@ class Trainer:
         path = broadcast(checkpoint.latest(self.ckpt_root) if self.lead else None, self.par)
         if path is None:
             log.info("no checkpoint to resume from in %s: starting fresh", self.ckpt_root)
+            self.publish()  # engines that outlived the crash get the initial weights back, as version 0
             return
         meta = checkpoint.load(path, self.policy.model, self.optimizer, self.par.tp, self.par.dp)
         self.step, self.last_batch_id, self.baselines = meta.step, meta.last_batch_id, dict(meta.baselines)
-        engines = max(self.publisher.engine_versions()) if self.lead else 0
-        self.version = broadcast(max(meta.version, engines), self.par)  # versions only ever go up
-        log.info("resumed from %s: step %d, batch %d, weight version %d", path, self.step, self.last_batch_id, self.version)
+        self.checkpointed_step = self.step
+        log.info("resumed from %s: step %d, batch %d", path, self.step, self.last_batch_id)
         if self.lead and self.last_batch_id:
             self.pool.call(Commit(batch_id=self.last_batch_id))  # idempotent; the crash may have come before it
-        self.publish()  # the engines get the checkpoint's weights back
+        # The engines may hold weights of steps after the checkpoint, which are lost: they get the
+        # checkpoint's weights back under the checkpoint's version, so versions keep counting steps.
+        self.publish()
+
+    @property
+    def version(self) -> int:
+        """The weight version of the current weights: the number of steps they have taken."""
+        return self.step
 
     def publish(self) -> None:
-        self.version += 1
         hf_state = gather_hf_state(self.policy)
         if self.lead:
             self.publisher.publish(hf_state, version=self.version, step=self.step)
@@ -148,14 +163,16 @@ class Trainer:
                                              base_model=str(self.model_path), tp=self.par.tp, dp=self.par.dp,
                                              family=self.policy.arch.family, baselines=dict(self.baselines))
             checkpoint.save(self.ckpt_root, meta, self.policy.model, self.optimizer, self.cfg.trainer.keep_checkpoints)
+            self.checkpointed_step = self.step
         if self.lead and (not every or force or self.step % every == 0):
             self.pool.call(Commit(batch_id=self.last_batch_id))
 
     def next_batch(self, stop) -> Optional[Batch]:
         batch = None
         if self.lead:
+            live = self.cfg.run.mode == "live"  # no traffic is normal for a live run: wait as long as it takes
             batch = wait_for_batch(self.pool, self.version, self.last_batch_id, self.cfg.pool.batch_size,
-                                   self.cfg.trainer.batch_wait_timeout_s, stop)
+                                   None if live else self.cfg.trainer.batch_wait_timeout_s, stop)
         return broadcast(batch, self.par)
 
     def train_one(self, batch: Batch) -> dict:
@@ -181,18 +198,19 @@ class Trainer:
 
     def run(self, stop) -> int:
         max_steps = self.cfg.run.max_steps
-        while self.step < max_steps:
+        while not max_steps or self.step < max_steps:
             batch = self.next_batch(stop)
             if batch is None:
-                log.info("stopped before step %d", self.step + 1)
-                return 0
+                log.info("stop requested before step %d", self.step + 1)
+                break
             stats = self.train_one(batch)
             if self.lead:
                 self.metrics.log(stats, step=self.step)
                 log.info(progress_line(self.step, max_steps, self.version, stats))
-        if self.cfg.trainer.checkpoint_every and self.step % self.cfg.trainer.checkpoint_every:
-            self.checkpoint_and_commit(force=True)  # the final state is always resumable
-        if self.lead:
+        if self.cfg.trainer.checkpoint_every and self.step > self.checkpointed_step:
+            self.checkpoint_and_commit(force=True)  # the final state, or the state at a stop, is always resumable
+            log.info("checkpointed step %d", self.step)
+        if self.lead and not stop.is_set():
             versions = self.publisher.engine_versions()
             self.metrics.log({"final_engine_versions": versions, "final_version": self.version}, step=self.step)
             log.info("done: %d steps, engine weight versions %s", self.step, versions)

@@ -29,6 +29,9 @@ def transformer_config(a: ArchSpec, tp: int, dtype: torch.dtype):
         bf16=dtype == torch.bfloat16, hidden_dropout=0.0, attention_dropout=0.0, bias_activation_fusion=False,
         bias_dropout_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
         gradient_accumulation_fusion=False, apply_rope_fusion=False, attention_softmax_in_fp32=True,
+        # our loss is already divided by the whole batch's token count: megatron's DDP must sum gradients
+        # over data-parallel ranks, not average them (else grad norms and clipping are dp times off on GPU)
+        calculate_per_token_loss=True,
     )
 
 
@@ -152,10 +155,21 @@ def hidden_states(policy: Policy, packed: Packed) -> Tensor:
     return h[:, 0]
 
 
-def logprobs_and_entropy(policy: Policy, hidden: Tensor, targets: Tensor, temperature: float = 1.0,
+Temperature = float | Tensor  # one for every row, or one per row [R]
+
+
+def _row_temperatures(temperature: Temperature, rows: int, device) -> Tensor:
+    if isinstance(temperature, Tensor):
+        if temperature.shape != (rows,):
+            raise ValueError(f"temperatures must have one entry per row ({rows}), got shape {tuple(temperature.shape)}")
+        return temperature.to(device=device, dtype=torch.float32)
+    return torch.full((rows,), float(temperature), device=device)
+
+
+def logprobs_and_entropy(policy: Policy, hidden: Tensor, targets: Tensor, temperature: Temperature = 1.0,
                          chunk_tokens: int = 1024, extra_ids: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
     """log p(target | context), the entropy, and log p of `extra_ids` [R, k] (if given) at each row of
-    `hidden` ([R, H]), in bounded memory.
+    `hidden` ([R, H]), in bounded memory, with the logits divided by the row's sampling temperature.
 
     Under tensor parallelism the output layer holds a vocabulary shard; the
     softmax statistics are combined across the TP group.
@@ -172,27 +186,33 @@ def logprobs_and_entropy(policy: Policy, hidden: Tensor, targets: Tensor, temper
 
     def logits_fn(h: Tensor) -> Tensor:
         logits, _ = m.output_layer(h[:, None], weight=weight)
-        logits = logits[:, 0].float() / temperature
+        logits = logits[:, 0].float()
         if (tp_rank + 1) * shard > policy.vocab:  # rows added to split the vocabulary never get probability
             ids = torch.arange(tp_rank * shard, (tp_rank + 1) * shard, device=logits.device)
             logits = logits.masked_fill(ids >= policy.vocab, float("-inf"))
         return logits
 
     extra = None if extra_ids is None else extra_ids.to(hidden.device)
+    temps = _row_temperatures(temperature, hidden.shape[0], hidden.device)
     return chunked_logprob_entropy(hidden, targets.to(hidden.device), logits_fn, tp_rank * shard, group, chunk_tokens,
-                                   extra)
+                                   extra, temps)
 
 
-def packed_logprobs(policy: Policy, packed: Packed, temperature: float = 1.0, chunk_tokens: int = 1024) -> Tensor:
+def packed_logprobs(policy: Policy, packed: Packed, temperature: Temperature = 1.0, chunk_tokens: int = 1024) -> Tensor:
     return packed_logprobs_entropy(policy, packed, temperature, chunk_tokens)[0]
 
 
-def packed_logprobs_entropy(policy: Policy, packed: Packed, temperature: float = 1.0, chunk_tokens: int = 1024,
+def response_hidden(policy: Policy, packed: Packed) -> Tensor:
+    """Hidden states [R, H] at the positions that predict the response tokens."""
+    hidden = hidden_states(policy, packed)
+    return hidden[packed.predict_at.to(hidden.device)]
+
+
+def packed_logprobs_entropy(policy: Policy, packed: Packed, temperature: Temperature = 1.0, chunk_tokens: int = 1024,
                             extra_ids: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
     """Per response token of a packed row: log p, entropy, and log p of `extra_ids` [R, k] if given."""
-    hidden = hidden_states(policy, packed)
-    return logprobs_and_entropy(policy, hidden[packed.predict_at.to(hidden.device)], packed.targets, temperature,
-                                chunk_tokens, extra_ids)
+    return logprobs_and_entropy(policy, response_hidden(policy, packed), packed.targets, temperature, chunk_tokens,
+                                extra_ids)
 
 
 def full_logits(policy: Policy, packed: Packed) -> Tensor:

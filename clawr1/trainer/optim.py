@@ -18,8 +18,6 @@ from clawr1.trainer.parallel import all_reduce_grads, clip_grad_norm
 
 def lr_factor(cfg: TrainerConfig, total_steps: int) -> Callable[[int], float]:
     """Multiplier of the base lr after `step` optimizer steps."""
-    if cfg.lr_schedule not in ("constant", "cosine"):
-        raise ValueError(f"trainer.lr_schedule must be constant or cosine, got {cfg.lr_schedule!r}")
 
     def factor(step: int) -> float:
         if cfg.warmup_steps and step < cfg.warmup_steps:

@@ -58,7 +58,7 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float, tp: int) -
             replicated += sq
     if tp > 1:
         _, tp_group = _groups()
-        sharded = _all_reduced(sharded, tp_group, params)
+        sharded = _all_reduced(sharded, tp_group)
     norm = float((sharded + replicated).sqrt())
     if max_norm > 0 and norm > max_norm:
         scale = max_norm / (norm + 1e-6)
@@ -68,13 +68,11 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float, tp: int) -
     return norm
 
 
-def _device(params) -> torch.device:
-    return next(iter(params)).device
-
-
-def _all_reduced(value: torch.Tensor, group, params) -> torch.Tensor:
-    t = value.to(_device(params))
-    dist.all_reduce(t, group=group)
+def _all_reduced(value: torch.Tensor, group, op=dist.ReduceOp.SUM) -> torch.Tensor:
+    """All-reduce a CPU tensor on the group's own device (NCCL reduces CUDA tensors only), back on the CPU."""
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    t = value.to(device)
+    dist.all_reduce(t, op=op, group=group)
     return t.cpu()
 
 
@@ -83,15 +81,11 @@ def all_reduce_sum(values: list[float], dp: int) -> list[float]:
     if dp == 1:
         return values
     dp_group, _ = _groups()
-    t = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(t, group=dp_group)
-    return t.tolist()
+    return _all_reduced(torch.tensor(values, dtype=torch.float64), dp_group).tolist()
 
 
 def all_reduce_max(value: float, dp: int) -> float:
     if dp == 1:
         return value
     dp_group, _ = _groups()
-    t = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=dp_group)
-    return float(t[0])
+    return float(_all_reduced(torch.tensor([value], dtype=torch.float64), dp_group, dist.ReduceOp.MAX)[0])

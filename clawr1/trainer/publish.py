@@ -1,17 +1,32 @@
-"""Publishing weights: HF safetensors on disk, each engine told to load them (one at a time), a PUB note."""
+"""Publishing weights: a strategy gets them into every engine, then a PUB note tells every loop.
+
+Three strategies behind one small interface (`WeightSink.push`):
+
+- `DiskSink` (trainer.weight_sync=disk): HF safetensors in RUN_DIR/weights/vNNNNNN, then each
+  engine, one at a time so the others keep serving, loads them with /update_weights_from_disk.
+- `HttpSink` (trainer.weight_sync=http): the same safetensors, serialized once in memory and
+  streamed as raw bytes into each embedded engine's /update_weights_from_tensor, one engine at a
+  time; the engines may be on other nodes and share no disk with the trainer.
+- `NcclSink` (trainer.weight_sync=nccl): a bucketed NCCL broadcast from trainer rank 0 into
+  SGLang engines (clawr1/engine_api/weight_push.py; GPU clusters only).
+
+A weight version counts the trainer steps published, so it always equals the step.
+"""
 from __future__ import annotations
 
 import logging
 import shutil
 import time
 from pathlib import Path
+from typing import Protocol
 
 import torch.distributed as dist
+from torch import Tensor
 
 from clawr1 import bus, protocol
 from clawr1.config import Config
+from clawr1.engine_api.client import SyncEngineClient
 from clawr1.protocol import WeightsPublished
-from clawr1.serving.client import SyncEngineClient
 from clawr1.trainer.convert import megatron_to_hf
 from clawr1.trainer.hf_io import write_weights_dir
 from clawr1.trainer.model import Policy, megatron_state
@@ -33,50 +48,26 @@ def gather_hf_state(policy: Policy) -> dict | None:
     return megatron_to_hf(shards, policy.arch) if dist.get_rank() == 0 else None
 
 
-class WeightPublisher:
-    """Gets new weights into every engine, one engine at a time so the others keep serving.
+class WeightSink(Protocol):
+    """Gets a full HF state into every engine as weight version `version`; returns where it went."""
 
-    weight_sync=disk: safetensors in RUN_DIR/weights/vNNNNNN, then /update_weights_from_disk.
-    weight_sync=nccl: NCCL broadcast from trainer rank 0 into SGLang engines, in buckets
-    (clawr1/serving/weight_sync.py; GPU clusters only).
-    """
+    def push(self, hf_state: dict[str, Tensor], version: int) -> str: ...
 
-    def __init__(self, cfg: Config, base_model_path: Path):
-        self.base = Path(base_model_path)
+    def close(self) -> None: ...
+
+
+class DiskSink:
+    def __init__(self, cfg: Config, engines: list[SyncEngineClient], base_model_path: Path):
+        self.engines, self.base = engines, Path(base_model_path)
         self.dir = cfg.run_dir / "weights"
         self.keep = cfg.trainer.keep_weight_versions
-        self.engines = [SyncEngineClient(u) for u in cfg.engine_urls]
-        self.pub = bus.pub_socket(cfg.publish_addr)
-        self.nccl = None
-        if cfg.trainer.weight_sync == "nccl":
-            from clawr1.serving.weight_sync import DistributedWeightSync
 
-            self.nccl = DistributedWeightSync(cfg.engine_urls, bucket_bytes=cfg.trainer.weight_sync_bucket_mb << 20)
-            self.nccl.connect(cfg.trainer.host, 0, [cfg.serve.sglang.tp_size] * len(cfg.engine_urls))
-        elif cfg.trainer.weight_sync != "disk":
-            raise ValueError(f"trainer.weight_sync must be disk or nccl, got {cfg.trainer.weight_sync!r}")
-
-    def publish(self, hf_state: dict, version: int, step: int) -> str:
-        t0 = time.monotonic()
-        if self.nccl is not None:
-            import torch
-
-            self.nccl.push([(k, v.to("cuda", non_blocking=True)) for k, v in hf_state.items()], version)
-            where = "nccl"
-            torch.cuda.synchronize()
-        else:
-            path = write_weights_dir(hf_state, self.dir / f"v{version:06d}", copy_from=self.base)
-            for engine in self.engines:  # one engine at a time: the others keep serving
-                engine.update_weights_from_disk(str(path.resolve()), version)
-            where = str(path)
-            self._prune(version)
-        self.pub.send_multipart(protocol.encode(WeightsPublished(version=version, step=step, path=where,
-                                                                 timestamp=time.time())))
-        log.debug("published v%d in %.2fs", version, time.monotonic() - t0)
-        return where
-
-    def engine_versions(self) -> list[int]:
-        return [int(e.model_info()["weight_version"]) for e in self.engines]
+    def push(self, hf_state: dict[str, Tensor], version: int) -> str:
+        path = write_weights_dir(hf_state, self.dir / f"v{version:06d}", copy_from=self.base)
+        for engine in self.engines:  # one engine at a time: the others keep serving
+            engine.update_weights_from_disk(str(path.resolve()), version)
+        self._prune(version)
+        return str(path)
 
     def _prune(self, newest: int) -> None:
         for d in sorted(self.dir.glob("v[0-9]*")):
@@ -84,8 +75,81 @@ class WeightPublisher:
                 shutil.rmtree(d, ignore_errors=True)
 
     def close(self) -> None:
-        for e in self.engines:
+        pass
+
+
+class HttpSink:
+    def __init__(self, engines: list[SyncEngineClient]):
+        self.engines = engines
+
+    def push(self, hf_state: dict[str, Tensor], version: int) -> str:
+        from safetensors.torch import save
+
+        payload = save({k: v.detach().to("cpu").contiguous() for k, v in hf_state.items()}, metadata={"format": "pt"})
+        for engine in self.engines:  # one engine at a time: the others keep serving
+            engine.update_weights_from_tensor_bytes(payload, version)
+        return "http"
+
+    def close(self) -> None:
+        pass
+
+
+class NcclSink:
+    """Bucketed NCCL broadcast into SGLang engines. The HF state stays on the host: each tensor is copied to
+    the GPU when its bucket is filled and released once the engines confirmed the bucket, so at most one
+    bucket (trainer.weight_sync_bucket_mb, or one tensor larger than that) is on the GPU at a time."""
+
+    def __init__(self, cfg: Config):
+        from clawr1.engine_api.weight_push import DistributedWeightSync
+
+        self.sync = DistributedWeightSync(cfg.engine_urls, bucket_bytes=cfg.trainer.weight_sync_bucket_mb << 20)
+        self.sync.connect(cfg.trainer.host, 0, [cfg.serve.sglang.tp_size] * len(cfg.engine_urls))
+
+    def push(self, hf_state: dict[str, Tensor], version: int) -> str:
+        import torch
+
+        self.sync.push(hf_state, version)  # read once per group of engines, staged bucket by bucket
+        torch.cuda.synchronize()
+        return "nccl"
+
+    def close(self) -> None:
+        self.sync.close()
+
+
+def _sink(cfg: Config, engines: list[SyncEngineClient], base_model_path: Path) -> WeightSink:
+    if cfg.trainer.weight_sync == "nccl":
+        return NcclSink(cfg)
+    if cfg.trainer.weight_sync == "http":
+        return HttpSink(engines)
+    return DiskSink(cfg, engines, base_model_path)
+
+
+class WeightPublisher:
+    """The trainer's one door to the engines: push through the configured sink, then announce it."""
+
+    def __init__(self, cfg: Config, base_model_path: Path):
+        self.engines = [SyncEngineClient(u) for u in cfg.engine_urls]
+        self.sink: WeightSink = _sink(cfg, self.engines, base_model_path)
+        self.pub = bus.pub_socket(cfg.publish_addr)
+        # judge.teacher=lagged: a teacher engine that gets the policy's weights only every teacher_lag versions
+        self.lagged_teacher = SyncEngineClient(cfg.teacher_engine_url) if cfg.judge.teacher == "lagged" else None
+        self.teacher_lag = cfg.judge.teacher_lag
+
+    def publish(self, hf_state: dict, version: int, step: int) -> str:
+        t0 = time.monotonic()
+        where = self.sink.push(hf_state, version)
+        if self.lagged_teacher is not None and version and version % self.teacher_lag == 0:
+            self.lagged_teacher.update_weights_from_disk(str(Path(where).resolve()), version)
+        self.pub.send_multipart(protocol.encode(WeightsPublished(version=version, step=step, path=where,
+                                                                 timestamp=time.time())))
+        log.debug("published v%d in %.2fs", version, time.monotonic() - t0)
+        return where
+
+    def engine_versions(self) -> list[int]:
+        return [e.weight_version() for e in self.engines]
+
+    def close(self) -> None:
+        self.sink.close()
+        for e in self.engines + ([self.lagged_teacher] if self.lagged_teacher else []):
             e.close()
-        if self.nccl is not None:
-            self.nccl.close()
         self.pub.close(0)

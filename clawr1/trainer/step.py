@@ -16,13 +16,13 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from clawr1.algo.advantages import (combined_token_advantages, ema_advantages, grpo_advantages, opd_token_advantages,
-                                    rl_token_advantages)
+from clawr1.algo.advantages import (center_per_sample, clip_advantages, combined_token_advantages, ema_advantages,
+                                    grpo_advantages, opd_token_advantages, rl_token_advantages)
 from clawr1.algo.losses import (aggregation_weights, kl_estimate, ppo_clipped_token_loss, topk_reverse_kl,
                                 truncated_importance_weights)
 from clawr1.config import AlgoConfig
 from clawr1.protocol import Sample
-from clawr1.trainer.model import Policy, pack, packed_logprobs_entropy
+from clawr1.trainer.model import Policy, logprobs_and_entropy, pack, packed_logprobs_entropy, response_hidden
 from clawr1.trainer.parallel import all_reduce_max, all_reduce_sum, dp_shard
 
 
@@ -59,7 +59,7 @@ def rl_sample_advantages(samples: list[Sample], algo: AlgoConfig,
     has = torch.tensor([s.reward is not None for s in samples])
     if algo.baseline == "none":
         adv = torch.where(has, rewards, torch.zeros_like(rewards))
-    elif algo.baseline == "group":
+    else:  # group
         groups = {g: i for i, g in enumerate(dict.fromkeys(s.group_id for s in samples))}
         index = torch.tensor([groups[s.group_id] for s in samples])
         adv = grpo_advantages(rewards, has, index, algo.normalize_std)
@@ -70,17 +70,14 @@ def rl_sample_advantages(samples: list[Sample], algo: AlgoConfig,
             adv = torch.where(single, ema, adv)
         elif algo.singleton_baseline == "none":
             adv = torch.where(single, rewards, adv)
-        elif algo.singleton_baseline != "ema":
-            raise ValueError(f"algo.singleton_baseline must be ema or none, got {algo.singleton_baseline!r}")
-    else:
-        raise ValueError(f"algo.baseline must be group or none, got {algo.baseline!r}")
     return {s.sample_id: float(a) for s, a, h in zip(samples, adv, has) if h}, baselines
 
 
 def plan_batch(samples: list[Sample], algo: AlgoConfig, trainer_version: int,
                baselines: dict[str, float]) -> tuple[BatchPlan, dict[str, float]]:
     staleness = Counter(trainer_version - min(s.versions) for s in samples)
-    kept = [s for s in samples if algo.max_staleness < 0 or trainer_version - min(s.versions) <= algo.max_staleness]
+    kept = [s for s in samples
+            if algo.max_staleness < 0 or s.ingested or trainer_version - min(s.versions) <= algo.max_staleness]
     advantages, baselines = rl_sample_advantages(kept, algo, baselines)
     return BatchPlan(kept, advantages, len(samples) - len(kept), staleness), baselines
 
@@ -92,6 +89,16 @@ def _flat(samples: list[Sample], field: str, fill: float = 0.0) -> Tensor:
         v = getattr(s, field)
         values += v if v is not None else [fill] * s.response_len
     return torch.tensor(values, dtype=torch.float32)
+
+
+def _per_token(samples: list[Sample], field: str) -> Tensor:
+    """A per-sample number repeated for each of the sample's response tokens."""
+    return torch.tensor([float(getattr(s, field)) for s in samples for _ in range(s.response_len)])
+
+
+def _teacher_temperature_differs(samples: list[Sample]) -> bool:
+    """Whether some teacher scored at another temperature than its sample was drawn at (e.g. SGLang: raw logits)."""
+    return any(s.teacher_logprobs is not None and s.teacher_temperature != s.temperature for s in samples)
 
 
 def _topk_inputs(samples: list[Sample]) -> Optional[tuple[Tensor, Tensor, Tensor]]:
@@ -109,28 +116,79 @@ def _topk_inputs(samples: list[Sample]) -> Optional[tuple[Tensor, Tensor, Tensor
     return torch.tensor(ids), torch.tensor(lps, dtype=torch.float32), torch.tensor(has)
 
 
+# Every rank reports every one of these, in this order, so data-parallel ranks reduce lists that line up
+# (a rank without top-k data, or without any sample, reports zeros).
+SUM_KEYS = ("pg_loss", "tokens", "entropy_sum", "clip_low", "clip_high", "dual_clip", "approx_kl_old_sum",
+            "logprob_abs_diff_sum", "kl_rollout_sum", "tis_sum", "tis_clipped", "kl_ref_sum", "topk_kl_sum",
+            "topk_tokens", "adv_rl_sum", "adv_rl_sq", "adv_rl_tokens", "adv_opd_sum", "adv_opd_sq", "adv_opd_tokens")
+MAX_KEYS = ("tis_max",)
+
+
 class Sums(dict):
+    """The step's metric sums: a fixed set of keys, all starting at 0."""
+
+    def __init__(self) -> None:
+        super().__init__({k: 0.0 for k in SUM_KEYS + MAX_KEYS})
+
     def add(self, key: str, value) -> None:
-        self[key] = self.get(key, 0.0) + float(value)
+        if key not in SUM_KEYS:
+            raise KeyError(f"{key} is not a step metric (add it to SUM_KEYS)")
+        self[key] += float(value)
+
+    def max(self, key: str, value) -> None:
+        self[key] = max(self[key], float(value))
+
+
+@dataclass
+class OldLogprobs:
+    """The policy before the step, per sample: log-probs at the sample's temperature, and at its teacher's."""
+
+    at_sample: dict[str, Tensor]
+    at_teacher: dict[str, Tensor]
+
+
+def _at_teacher_temperature(policy: Policy, samples: list[Sample], packed, hidden: Tensor, at_sample: Tensor,
+                            chunk_tokens: int) -> Tensor:
+    """The OPD baseline: the student's log p at the temperature its teacher was scored at (detached)."""
+    if not _teacher_temperature_differs(samples):
+        return at_sample.detach()
+    with torch.no_grad():
+        return logprobs_and_entropy(policy, hidden.detach(), packed.targets, _per_token(samples, "teacher_temperature"),
+                                    chunk_tokens)[0]
+
+
+def _student_logprobs(policy: Policy, samples: list[Sample], packed, chunk_tokens: int,
+                      topk_ids: Optional[Tensor]) -> tuple[Tensor, Tensor, Optional[Tensor], Tensor]:
+    """log p (with grad), entropy and top-k log p at each sample's temperature, and the OPD baseline."""
+    hidden = response_hidden(policy, packed)
+    logp, entropy, topk = logprobs_and_entropy(policy, hidden, packed.targets, _per_token(samples, "temperature"),
+                                               chunk_tokens, topk_ids)
+    return logp, entropy, topk, _at_teacher_temperature(policy, samples, packed, hidden, logp, chunk_tokens)
 
 
 def micro_batch_loss(policy: Policy, samples: list[Sample], plan: BatchPlan, algo: AlgoConfig, total_tokens: int,
-                     total_samples: int, chunk_tokens: int, old: Optional[dict[str, Tensor]],
+                     total_samples: int, chunk_tokens: int, old: Optional[OldLogprobs],
                      ref_policy: Optional[Policy], sums: Sums) -> Tensor:
     packed = pack([s.tokens for s in samples], [s.prompt_len for s in samples])
     topk = _topk_inputs(samples) if algo.w_topk else None
-    logp, entropy, student_topk = packed_logprobs_entropy(policy, packed, algo.temperature, chunk_tokens,
-                                                          None if topk is None else topk[0])
+    logp, entropy, student_topk, opd_base = _student_logprobs(policy, samples, packed, chunk_tokens,
+                                                              None if topk is None else topk[0])
     dev = logp.device
     idx = packed.sample_index.to(dev)
-    old_lp = torch.cat([old[s.sample_id] for s in samples]).to(dev) if old is not None else logp.detach()
+    old_lp = logp.detach()
+    if old is not None:
+        old_lp = torch.cat([old.at_sample[s.sample_id] for s in samples]).to(dev)
+        opd_base = torch.cat([old.at_teacher[s.sample_id] for s in samples]).to(dev)
     mask = _flat(samples, "loss_mask").to(dev)
     rollout = _flat(samples, "rollout_logprobs").to(dev)
     has_reward = torch.tensor([s.sample_id in plan.rl_advantage for s in samples], device=dev)
     sample_adv = torch.tensor([plan.rl_advantage.get(s.sample_id, 0.0) for s in samples], device=dev)
     has_teacher = torch.tensor([s.teacher_logprobs is not None for s in samples], device=dev)[idx]
     a_rl = rl_token_advantages(sample_adv, has_reward, idx)
-    a_opd = opd_token_advantages(_flat(samples, "teacher_logprobs").to(dev), old_lp, has_teacher)
+    a_opd = opd_token_advantages(_flat(samples, "teacher_logprobs").to(dev), opd_base, has_teacher)
+    if algo.opd_center == "sample":
+        a_opd = center_per_sample(a_opd, idx, has_teacher)
+    a_opd = clip_advantages(a_opd, algo.opd_clip)
     adv = combined_token_advantages(a_rl, a_opd, algo.w_rl, algo.w_opd)
     pg, low, high, dual = ppo_clipped_token_loss(logp, old_lp, adv, algo.eps_clip_low, algo.eps_clip_high, algo.dual_clip)
     tis = truncated_importance_weights(old_lp, rollout, algo.tis_cap) if algo.tis_cap else torch.ones_like(pg)
@@ -140,7 +198,7 @@ def micro_batch_loss(policy: Policy, samples: list[Sample], plan: BatchPlan, alg
     sums.add("pg_loss", loss.detach())
     if ref_policy is not None and algo.kl_coef:
         with torch.no_grad():
-            ref_lp = packed_logprobs_entropy(ref_policy, packed, algo.temperature, chunk_tokens)[0]
+            ref_lp = packed_logprobs_entropy(ref_policy, packed, _per_token(samples, "temperature"), chunk_tokens)[0]
         kl = kl_estimate(logp, ref_lp, algo.kl_estimator)
         loss = loss + algo.kl_coef * (kl * weights).sum()
         sums.add("kl_ref_sum", (kl.detach() * mask).sum())
@@ -163,8 +221,9 @@ def micro_batch_loss(policy: Policy, samples: list[Sample], plan: BatchPlan, alg
     sums.add("logprob_abs_diff_sum", ((rollout - old_lp).abs() * m).sum())
     sums.add("kl_rollout_sum", (kl_estimate(rollout, old_lp, "k3") * m).sum())  # KL(behaviour || trained policy)
     sums.add("tis_sum", (tis * m).sum())
-    sums.add("tis_clipped", ((torch.exp(old_lp - rollout) > algo.tis_cap).float() * m).sum() if algo.tis_cap else 0.0)
-    sums["tis_max"] = max(sums.get("tis_max", 0.0), float(tis.max()) if tis.numel() else 0.0)
+    if algo.tis_cap:
+        sums.add("tis_clipped", ((torch.exp(old_lp - rollout) > algo.tis_cap).float() * m).sum())
+    sums.max("tis_max", tis.max() if tis.numel() else 0.0)
     rl_tok, opd_tok = has_reward[idx].float() * m, has_teacher.float() * m
     for name, a, w in (("rl", a_rl, rl_tok), ("opd", a_opd, opd_tok)):
         sums.add(f"adv_{name}_sum", (a.detach() * w).sum())
@@ -174,15 +233,26 @@ def micro_batch_loss(policy: Policy, samples: list[Sample], plan: BatchPlan, alg
 
 
 # ---------------------------------------------------------------- the step
-def _old_logprobs(policy: Policy, samples: list[Sample], algo: AlgoConfig, max_tokens: int,
-                  chunk_tokens: int) -> dict[str, Tensor]:
-    out = {}
+def _old_logprobs(policy: Policy, samples: list[Sample], max_tokens: int, chunk_tokens: int) -> OldLogprobs:
+    old = OldLogprobs({}, {})
     with torch.no_grad():
         for mb in micro_batches(samples, max_tokens):
             packed = pack([s.tokens for s in mb], [s.prompt_len for s in mb])
-            lp = packed_logprobs_entropy(policy, packed, algo.temperature, chunk_tokens)[0].cpu()
-            for s, part in zip(mb, lp.split([s.response_len for s in mb])):
-                out[s.sample_id] = part
+            at_sample, _, _, at_teacher = _student_logprobs(policy, mb, packed, chunk_tokens, None)
+            lengths = [s.response_len for s in mb]
+            for s, a, b in zip(mb, at_sample.cpu().split(lengths), at_teacher.cpu().split(lengths)):
+                old.at_sample[s.sample_id], old.at_teacher[s.sample_id] = a, b
+    return old
+
+
+def minibatch_shards(samples: list[Sample], minibatches: int, dp_rank: int,
+                     dp: int) -> list[tuple[int, int, list[Sample]]]:
+    """Each non-empty minibatch as (its response tokens and samples over all ranks, this rank's share of it)."""
+    out = []
+    for part in range(minibatches):
+        minibatch = samples[part::minibatches]
+        if minibatch:
+            out.append((int(sum(sum(s.loss_mask) for s in minibatch)), len(minibatch), dp_shard(minibatch, dp_rank, dp)))
     return out
 
 
@@ -194,29 +264,27 @@ def train_step(policy: Policy, optimizer, samples: list[Sample], algo: AlgoConfi
     plan, new_baselines = plan_batch(samples, algo, trainer_version, baselines)
     baselines.clear()
     baselines.update(new_baselines)
-    mine = dp_shard(plan.samples, dp_rank, dp)
-    passes = max(1, algo.ppo_epochs) * max(1, algo.minibatches)
-    old = _old_logprobs(policy, mine, algo, max_tokens_per_microbatch, chunk_tokens) if passes > 1 else None
+    shards = minibatch_shards(plan.samples, algo.minibatches, dp_rank, dp)
+    passes = algo.ppo_epochs * algo.minibatches
+    # with several optimizer steps per batch, the ratio is against the policy from before the first one;
+    # this rank computes it for exactly the samples it will train on
+    mine = [s for _, _, shard in shards for s in shard]
+    old = _old_logprobs(policy, mine, max_tokens_per_microbatch, chunk_tokens) if passes > 1 else None
     sums, opt = Sums(), {"grad_norm": 0.0, "lr": 0.0}
-    for _ in range(max(1, algo.ppo_epochs)):
-        for part in range(max(1, algo.minibatches)):
-            minibatch = plan.samples[part::max(1, algo.minibatches)]
-            if not minibatch:
-                continue
-            total_tokens = int(sum(sum(s.loss_mask) for s in minibatch))
+    for _ in range(algo.ppo_epochs):
+        for total_tokens, total_samples, shard in shards:
             optimizer.zero_grad()
-            for mb in micro_batches(dp_shard(minibatch, dp_rank, dp), max_tokens_per_microbatch):
-                loss = micro_batch_loss(policy, mb, plan, algo, total_tokens, len(minibatch), chunk_tokens, old,
+            for mb in micro_batches(shard, max_tokens_per_microbatch):
+                loss = micro_batch_loss(policy, mb, plan, algo, total_tokens, total_samples, chunk_tokens, old,
                                         ref_policy, sums)
                 loss.backward()
-            opt = optimizer.step()
+            opt = optimizer.step()  # every rank steps, with or without samples (it joins the all-reduces)
     return _report(plan, samples, sums, opt, passes, dp)
 
 
 def _report(plan: BatchPlan, samples: list[Sample], sums: Sums, opt: dict, passes: int, dp: int) -> dict[str, Any]:
-    keys = sorted(k for k in sums if k != "tis_max")
-    s = dict(zip(keys, all_reduce_sum([sums[k] for k in keys], dp)))
-    s["tis_max"] = all_reduce_max(sums.get("tis_max", 0.0), dp)
+    s = dict(zip(SUM_KEYS, all_reduce_sum([sums[k] for k in SUM_KEYS], dp)))
+    s["tis_max"] = all_reduce_max(sums["tis_max"], dp)
     tok = max(s.get("tokens", 0.0), 1.0)
 
     def mean_std(name: str) -> tuple[float, float]:

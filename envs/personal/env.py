@@ -16,20 +16,14 @@ from __future__ import annotations
 import asyncio
 import random
 from dataclasses import dataclass, field
-from typing import Any, Optional, Protocol
+from typing import Any
 
+from clawr1.environment import ChatClient
 from envs.personal.llm_user import LlmUser
 from envs.personal.phrases import MOVE_ON, REASK, STILL_WRONG, SYSTEM_PROMPT
 from envs.personal.preferences import KINDS, OPTIONS, Style, directive_text, violations
 from envs.personal.questions import heldout_questions, train_question
-
-
-class ChatClient(Protocol):
-    """What an environment needs from the rollout loop (implemented over the gateway)."""
-
-    async def chat(self, session_id: str, messages: list[dict], *, side: bool = False, seed: Optional[int] = None) -> str: ...
-
-    async def complete(self, session_id: str, reward: float, text: str = "") -> None: ...
+from envs.personal.teacher_probe import probe
 
 
 @dataclass
@@ -43,6 +37,9 @@ class PersonalEnvConfig:
     user_llm_url: str = ""
     user_llm_model: str = "default"
     user_llm_api_key_env: str = ""  # name of the environment variable holding the endpoint's key, if any
+    # at every evaluation also measure the teacher (teacher_probe.py: hint uptake and signal quality per kind);
+    # needs a client that can score responses (clawr1's gateway), skipped otherwise
+    probe_teacher: bool = True
 
     def __post_init__(self) -> None:
         unknown = [k for k in self.kinds if k not in KINDS]
@@ -57,9 +54,12 @@ def make_profile(seed: int, kinds: list[str]) -> Style:
 
 
 class PersonalEnv:
+    """A `clawr1.environment.Environment`: sessions with one simulated user; scored on held-out first answers."""
+
     def __init__(self, args: dict[str, Any], seed: int = 0):
         self.cfg = PersonalEnvConfig(**args)
         self.profile = make_profile(self.cfg.profile_seed, self.cfg.kinds)
+        self.eval_metrics = ("personalization_score", *(f"pref_{kind}" for kind in self.profile))
         self.seed = seed
         c = self.cfg
         self.user_llm = LlmUser(c.user_llm_url, c.user_llm_model, c.user_llm_api_key_env) if c.user_llm_url else None
@@ -77,7 +77,7 @@ class PersonalEnv:
             tries = 0
             while True:
                 messages.append({"role": "user", "content": next_user})
-                answer = await client.chat(session_id, messages)
+                answer = (await client.chat(session_id, messages)).content
                 messages.append({"role": "assistant", "content": answer})
                 wrong = violations(answer, self.profile)
                 satisfied = not wrong
@@ -119,11 +119,15 @@ class PersonalEnv:
         async def first_response(i: int, text: str) -> str:
             messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": text}]
             async with slots:
-                return await client.chat(f"{session_prefix}-{i}", messages, side=True, seed=self.seed * 100_003 + i)
+                turn = await client.chat(f"{session_prefix}-{i}", messages, side=True, seed=self.seed * 100_003 + i)
+                return turn.content
 
         questions = heldout_questions(n, self.seed)
         answers = await asyncio.gather(*(first_response(i, q.text) for i, q in enumerate(questions)))
         wrong = [violations(a, self.profile) for a in answers]
-        out = {"personalization_score": sum(not w for w in wrong) / n}
+        out: dict[str, Any] = {"personalization_score": sum(not w for w in wrong) / n}
         out.update({f"pref_{kind}": sum(kind not in w for w in wrong) / n for kind in self.profile})
+        if self.cfg.probe_teacher and hasattr(client, "score"):
+            out.update(await probe(client, [q.text for q in questions], answers, self.profile, session_prefix,
+                                   self.seed * 100_003))
         return out

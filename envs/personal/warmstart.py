@@ -18,7 +18,9 @@ Conversation = list[dict]  # assistant messages are the training targets
 
 
 def _wanted(rng: random.Random) -> Style:
-    n = rng.choice((1, 1, 1, 2, 2, 3, 5))
+    """Which options a directive asks for: any number of kinds (all five as often as one, since a user's whole
+    profile is what the teacher's hint carries), every option of a kind equally often."""
+    n = rng.choice((1, 2, 3, 4, 5, 5))
     return {kind: rng.choice(OPTIONS[kind]) for kind in rng.sample(KINDS, n)}
 
 
@@ -67,7 +69,7 @@ def plain_conversation(rng: random.Random) -> Conversation:
     msgs: Conversation = [{"role": "system", "content": SYSTEM_PROMPT}]
     q = warmstart_question(rng)
     kind = rng.random()
-    if kind < 0.25:  # plain question, any style
+    if kind < 0.15:  # plain question, any style
         msgs += [{"role": "user", "content": q.text}, {"role": "assistant", "content": render_answer(q, random_style(rng))}]
     elif kind < 0.65:  # question with a directive appended (the shape of a hint-enhanced teacher prompt)
         wanted = _wanted(rng)

@@ -60,3 +60,16 @@ def test_combined_with_missing_branches_contributes_exact_zeros():
     assert combined_token_advantages(rl, opd, 2.0, 0.5).tolist() == [-2.0, -2.0, 0.25, -0.5, 4.25]
     assert combined_token_advantages(rl, opd, 1.0, 0.0).tolist() == rl.tolist()  # binary RL
     assert combined_token_advantages(rl, opd, 0.0, 1.0).tolist() == opd.tolist()  # OPD
+
+
+def test_opd_centring_per_sample_and_clipping_by_hand():
+    from clawr1.algo.advantages import center_per_sample, clip_advantages
+
+    gap = torch.tensor([-1.0, -3.0, 5.0, 0.0, 2.0])
+    index = torch.tensor([0, 0, 0, 1, 1])
+    active = torch.tensor([True, True, True, False, False])  # sample 1 has no teacher
+    out = center_per_sample(gap, index, active)
+    assert torch.allclose(out, torch.tensor([-4 / 3, -10 / 3, 14 / 3, 0.0, 0.0]))  # sample 0's mean is 1/3
+    assert abs(float(out[:3].sum())) < 1e-6  # a uniformly less confident teacher no longer penalizes length
+    assert clip_advantages(torch.tensor([-5.0, 0.5, 9.0]), 2.0).tolist() == [-2.0, 0.5, 2.0]
+    assert clip_advantages(torch.tensor([-5.0]), 0.0).tolist() == [-5.0]

@@ -106,3 +106,15 @@ def test_ctrl_c_stops_every_loop(tiny_model, tmp_path):
     out, _ = proc.communicate(timeout=90)
     assert proc.returncode == 130, out
     assert not [p for p in children if pid_alive(p)]
+
+
+def test_data_parallel_with_minibatches_and_epochs_end_to_end(tiny_model, tmp_path):
+    """Issue 11: two trainer ranks, two minibatches, two PPO epochs (old log-probs per rank's shards)."""
+    run_dir = tmp_path / "run"
+    proc = start_run(run_dir, "run.max_steps=2", "trainer.data_parallel=2", "algo.minibatches=2", "algo.ppo_epochs=2",
+                     "rollout.eval_every=0")
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-3000:]
+    assert [r["step"] for r in trainer_records(run_dir)] == [1, 2]
+    assert json.loads((run_dir / "summary.json").read_text())["engine_weight_version"] == 2
+    assert {"trainer-0.log", "trainer-1.log"} <= {p.name for p in (run_dir / "logs").iterdir()}

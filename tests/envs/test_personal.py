@@ -1,6 +1,7 @@
 import asyncio
 import random
 
+from clawr1.environment import AssistantTurn
 from envs.personal.env import PersonalEnv, make_profile
 from envs.personal.preferences import KINDS, OPTIONS, directive_text, parse_style, random_style, render_answer, violations
 from envs.personal.questions import Question, heldout_questions, train_question
@@ -50,9 +51,9 @@ class ScriptedAgent:
     def __init__(self, answers):
         self.answers, self.seen, self.completed = list(answers), [], None
 
-    async def chat(self, session_id, messages, *, side=False, seed=None):
+    async def chat(self, session_id, messages, *, side=False, seed=None, **_):
         self.seen.append([dict(m) for m in messages])
-        return self.answers.pop(0)
+        return AssistantTurn(self.answers.pop(0))
 
     async def complete(self, session_id, reward, text=""):
         self.completed = (reward, text)

@@ -2,7 +2,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from clawr1 import bus
-from clawr1.gateway.chat_template import ChatRenderer
+from clawr1.chat import ChatRenderer
 from clawr1.devtools import stop_all
 from tests.conftest import LoopProcess, make_config
 

@@ -176,3 +176,75 @@ def test_session_id_header_and_error_shape_of_both_routes(stack):
     for body in ({**ask, "temperature": 3}, {**ask, "temperature": 3, "stream": True}):
         err = httpx.post(url, json=body).json()["error"]
         assert err["param"] == "temperature" and err["type"] == "invalid_request_error"
+
+
+def _expected_logprobs(record, renderer) -> list[float]:
+    """The recorded (sampled) log-probs of the content tokens: the stop token is not content."""
+    stop = {renderer.im_end_id, renderer.end_of_text_id}
+    return [lp for t, lp in zip(record.response_ids, record.rollout_logprobs) if t not in stop]
+
+
+def test_logprobs_in_openai_shape_are_the_sampled_ones(stack):
+    cfg, judge, renderer = stack
+    c = client(cfg)
+    msgs = [SYSTEM, {"role": "user", "content": "Add 5 m and 6 m."}]
+    r = c.chat.completions.create(model="m", messages=msgs, max_tokens=20, logprobs=True, top_logprobs=3,
+                                  extra_headers={"X-Session-Id": "lp-1"})
+    content = r.choices[0].logprobs.content
+    assert r.system_fingerprint.startswith("clawr1-v")
+    httpx.post(f"{cfg.gateway_url}/v1/sessions/lp-1/complete", json={"reward": 1})
+    (record,) = receive(judge, 1)
+    assert [e.logprob for e in content] == _expected_logprobs(record, renderer)
+    assert b"".join(bytes(e.bytes) for e in content).decode() == r.choices[0].message.content
+    for e in content:
+        assert len(e.top_logprobs) == 3 and e.top_logprobs[0].logprob >= e.top_logprobs[-1].logprob
+        assert e.logprob <= e.top_logprobs[0].logprob + 1e-6  # nothing beats the most likely token
+    plain = c.chat.completions.create(model="m", messages=msgs, max_tokens=5, extra_headers={"X-Turn-Type": "side"})
+    assert plain.choices[0].logprobs is None  # only when asked
+
+
+def test_streamed_logprobs_add_up_to_the_turn(stack):
+    cfg, judge, renderer = stack
+    c = client(cfg)
+    stream = c.chat.completions.create(model="m", messages=[SYSTEM, {"role": "user", "content": "Add 1 g and 8 g."}],
+                                       max_tokens=24, logprobs=True, stream=True, extra_headers={"X-Session-Id": "lp-2"})
+    entries, text, fingerprints = [], "", set()
+    for ch in stream:
+        fingerprints.add(ch.system_fingerprint)
+        for choice in ch.choices:
+            text += choice.delta.content or ""
+            if choice.logprobs and choice.logprobs.content:
+                entries += choice.logprobs.content
+    httpx.post(f"{cfg.gateway_url}/v1/sessions/lp-2/complete", json={"reward": 1})
+    (record,) = receive(judge, 1)
+    assert [e.logprob for e in entries] == _expected_logprobs(record, renderer)
+    assert b"".join(bytes(e.bytes) for e in entries).decode() == text
+    assert any(f and f.startswith("clawr1-v") for f in fingerprints)
+
+
+def test_an_image_is_refused_with_a_clear_400_not_dropped(stack):
+    import openai
+    import pytest
+
+    cfg, _, _ = stack
+    parts = [{"type": "text", "text": "What is in this picture?"},
+             {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]
+    with pytest.raises(openai.BadRequestError) as err:
+        client(cfg).chat.completions.create(model="m", messages=[{"role": "user", "content": parts}], max_tokens=4)
+    assert "'image_url' is not supported: this policy reads text only" in str(err.value)
+    assert err.value.body["param"] == "messages.0.content"
+
+
+
+
+def test_score_gives_the_policys_log_probs_with_and_without_the_hint(stack):
+    cfg, _, renderer = stack
+    msgs = [SYSTEM, {"role": "user", "content": "Add 5 m and 6 m."}]
+    plain = httpx.post(f"{cfg.gateway_url}/v1/score", json={"messages": msgs, "response": "11 meters"}).json()
+    hinted = httpx.post(f"{cfg.gateway_url}/v1/score", json={"messages": msgs, "response": "11 meters",
+                                                             "hint": "Please write units as symbols like km."}).json()
+    n = len(renderer.encode_text("11 meters")) + 1  # and the end-of-message token
+    assert plain["tokens"] == hinted["tokens"] == n == len(plain["logprobs"]) == len(hinted["logprobs"])
+    assert all(lp <= 0 for lp in plain["logprobs"]) and plain["logprobs"] != hinted["logprobs"]
+    bad = httpx.post(f"{cfg.gateway_url}/v1/score", json={"messages": msgs, "response": "x", "temperature": 0})
+    assert bad.status_code == 400

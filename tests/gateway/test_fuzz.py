@@ -25,8 +25,9 @@ def gateway_schema(tiny_model, tmp_path_factory):
     engine.stop()
 
 
-OPERATIONS = ["POST /v1/chat/completions", "POST /s/{session_id}/v1/chat/completions", "POST /v1/feedback",
-              "POST /v1/sessions/{session_id}/complete", "GET /v1/models", "GET /metrics"]
+OPERATIONS = ["POST /v1/chat/completions", "POST /s/{session_id}/v1/chat/completions", "POST /v1/feedback", "POST /v1/score",
+              "POST /v1/sessions/{session_id}/complete", "POST /v1/ingest", "GET /v1/status", "GET /v1/models",
+              "GET /metrics", "GET /playground"]
 
 
 @pytest.mark.parametrize("operation", OPERATIONS)

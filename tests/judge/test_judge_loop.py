@@ -9,25 +9,28 @@ from clawr1.config import JudgeConfig
 from clawr1.judge.env import EnvJudge
 from clawr1.judge.llm import LlmJudge
 from clawr1.judge.main import make_sample
+from clawr1.judge.teacher import TeacherScores
 from clawr1.judge.rules import Verdict
 from clawr1.protocol import NextState, TurnRecord
-from clawr1.serving.client import Generation
+from clawr1.engine_api.client import Generation
 from tests.conftest import engine_metric, make_config
 
 
-def record(session: str, turn: int, next_state=None) -> TurnRecord:
+def record(session: str, turn: int, next_state=None, temperature: float = 1.0) -> TurnRecord:
     return TurnRecord(session_id=session, turn_index=turn, prompt_ids=[1, 2], response_ids=[3, 4],
                       rollout_logprobs=[-1.0, -2.0], versions=[5, 5], messages=[{"role": "user", "content": "q"}],
-                      response_text="a", next_state=next_state, group_id="g", task_id="t")
+                      response_text="a", next_state=next_state, group_id="g", task_id="t", temperature=temperature)
 
 
 def test_a_sample_carries_every_signal_the_turn_earned():
     teacher = Generation(output_ids=[], logprobs=[], versions=[], text="", finish_reason="length",
                          prompt_logprobs=[-0.5, -0.1], weight_version=7, prompt_top_ids=[[3, 9], [4, 8]],
                          prompt_top_logprobs=[[-0.5, -2.0], [-0.1, -3.0]])
-    s = make_sample(record("s", 2), Verdict(-1.0, hint="Use tags.", votes=[-1, -1, 1]), teacher)
+    s = make_sample(record("s", 2, temperature=0.7), Verdict(-1.0, hint="Use tags.", votes=[-1, -1, 1]),
+                    TeacherScores(teacher, temperature=1.0))
     s.check()
     assert (s.reward, s.teacher_logprobs, s.teacher_version, s.hint) == (-1.0, [-0.5, -0.1], 7, "Use tags.")
+    assert (s.temperature, s.teacher_temperature) == (0.7, 1.0)  # e.g. an SGLang teacher: raw logits
     assert s.teacher_topk_ids == [[3, 9], [4, 8]] and s.votes == [-1, -1, 1]
     assert s.tokens == [1, 2, 3, 4] and s.prompt_len == 2 and (s.group_id, s.task_id) == ("g", "t")
     only_reward = make_sample(record("s", 3), Verdict(1.0), None)

@@ -1,3 +1,5 @@
+import json
+
 from clawr1.config import JudgeConfig
 from clawr1.judge.rules import RulePatterns, directive_sentences, judge_rules
 from clawr1.protocol import NextState, TurnRecord
@@ -34,10 +36,21 @@ def test_outcome_and_feedback_and_missing_next_state():
     assert judge_rules(record(None), PATTERNS).score is None
 
 
-def test_tool_error_is_negative_and_plain_tool_output_has_no_score():
-    err = judge_rules(record(NextState(kind="tool", text="Error: file not found")), PATTERNS)
-    assert err.score == -1.0 and "not found" in err.hint
-    assert judge_rules(record(NextState(kind="tool", text="42")), PATTERNS).score is None
+def test_tool_verdicts_come_from_structured_status_not_from_words():
+    failed = judge_rules(record(NextState(kind="tool", text=json.dumps(
+        {"ok": False, "error": "unknown tool 'rm'", "output": ""}))), PATTERNS)
+    assert failed.score == -1.0 and "unknown tool 'rm'" in failed.hint
+    exit_1 = json.dumps({"ok": False, "exit_code": 1, "output": "cat: x: No such file or directory"})
+    assert judge_rules(record(NextState(kind="tool", text=exit_1)), PATTERNS).score == -1.0
+    slow = json.dumps({"ok": False, "exit_code": None, "timed_out": True, "output": ""})
+    assert "timed out" in judge_rules(record(NextState(kind="tool", text=slow)), PATTERNS).hint
+    # a file that says "error" is not a tool error; nor is free text that looks like a test summary
+    printed = json.dumps({"ok": True, "exit_code": 0, "output": "ERROR: fatal error, traceback, 1 failed"})
+    assert judge_rules(record(NextState(kind="tool", text=printed)), PATTERNS).score is None
+    assert judge_rules(record(NextState(kind="tool", text="Error: file not found")), PATTERNS).score is None
+    assert judge_rules(record(NextState(kind="tool", text="===== 5 passed in 0.31s =====")), PATTERNS).score is None
+    two = json.dumps({"ok": True, "output": "7"}) + "\n" + json.dumps({"ok": False, "error": "bad arguments"})
+    assert judge_rules(record(NextState(kind="tool", text=two)), PATTERNS).score == -1.0  # parallel calls
 
 
 def test_directive_sentences_skip_short_ones():
@@ -50,9 +63,21 @@ def test_complaint_without_directive_is_negative_without_hint():
     assert v.score == -1.0 and v.hint == ""
 
 
-def test_test_verdicts_from_tool_output():
-    passed = judge_rules(record(NextState(kind="tool", text="===== 5 passed in 0.31s =====")), PATTERNS)
-    assert (passed.score, passed.hint) == (1.0, "")
-    failed = judge_rules(record(NextState(kind="tool", text="===== 1 failed, 4 passed in 0.40s =====")), PATTERNS)
-    assert failed.score == -1.0 and failed.hint.startswith("===== 1 failed")
-    assert judge_rules(record(NextState(kind="tool", text="All tests passed")), PATTERNS).score == 1.0
+def test_every_directive_the_personal_env_can_say_reaches_the_teacher_whole():
+    """Quoted pieces ('Certainly.', 'Hope this helps!') do not end a sentence: the hint is the whole directive."""
+    import itertools
+
+    from clawr1.config import JudgeConfig
+    from envs.personal.phrases import STILL_WRONG
+    from envs.personal.preferences import KINDS, OPTIONS, directive_text
+
+    c = JudgeConfig()
+    patterns = RulePatterns.compile(c.correction_patterns, c.directive_patterns)
+    directives = [directive_text(dict(zip(kinds, options)))
+                  for r in range(1, len(KINDS) + 1) for kinds in itertools.combinations(KINDS, r)
+                  for options in itertools.product(*(OPTIONS[k] for k in kinds))]
+    assert len(directives) > 400 and any("'Certainly.'" in d for d in directives)
+    for d in directives:
+        for said in ("No. " + d, STILL_WRONG.format(directive=d) + " Thanks! Next question: What is 2 m plus 3 m?"):
+            assert directive_sentences(said, patterns.directives) == d, said
+    assert directive_sentences("Please don't add a sign-off. It's fine.", patterns.directives) == "Please don't add a sign-off."

@@ -1,7 +1,7 @@
-from clawr1.judge.teacher import splice_hint
+from clawr1.chat import splice_hint
 
-USER = [90, 91]  # "<|im_start|>user\n"
-END = 99  # "<|im_end|>"
+USER = [90, 91]  # the ids that open a user message
+END = 99  # the end-of-message id
 
 
 def test_hint_goes_before_the_end_of_the_last_user_message():

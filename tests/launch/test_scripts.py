@@ -79,3 +79,13 @@ def test_without_a_gpu_the_cpu_config_runs(tmp_path):
     assert "no GPU on this machine; running recipes/combined/cpu.yaml" in out.stderr
     assert gpus_by_process(out.stdout) == {"pool": "-", "serve": "-", "judge": "-", "gateway": "-", "trainer": "-",
                                            "rollout": "-"}
+
+
+def test_live_has_no_rollout_loop(tmp_path):
+    out = launch("live", tmp_path, 8, MODEL_PATH="/models/qwen3-4b")
+    assert out.returncode == 0, out.stderr
+    gpus = gpus_by_process(out.stdout)
+    assert "rollout" not in gpus and gpus["gateway"] == "none" and gpus["trainer-0"] == "0,1,2,3"
+    cpu = launch("live", tmp_path, 0)
+    assert cpu.returncode == 0 and "running recipes/live/cpu.yaml" in cpu.stderr
+    assert "gateway" in gpus_by_process(cpu.stdout) and "rollout" not in gpus_by_process(cpu.stdout)

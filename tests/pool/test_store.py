@@ -28,14 +28,14 @@ def test_duplicates_are_acked_once_and_invalid_samples_nacked(tmp_path):
     bad = sample(1)
     bad.rollout_logprobs = []
     acks = pool.add([sample(0), bad])
-    assert acks[0].ok and not acks[1].ok and "rollout_logprobs" in acks[1].error
+    assert acks[0].ok and not acks[1].ok and not acks[1].retry and "rollout_logprobs" in acks[1].error
     assert pool.stats().received == 1
 
 
 def test_full_pool_asks_to_retry(tmp_path):
     pool = SamplePool(tmp_path, max_staleness=4, max_pending=2, fsync=False)
     acks = pool.add([sample(0), sample(1), sample(2)])
-    assert [a.ok for a in acks] == [True, True, False] and "retry" in acks[2].error
+    assert [(a.ok, a.retry) for a in acks] == [(True, False), (True, False), (False, True)] and "pool full" in acks[2].error
 
 
 def test_restart_replays_uncommitted_leases_and_keeps_acked_samples(tmp_path):
@@ -93,3 +93,12 @@ def test_groups_are_batched_whole_and_only_when_complete_or_timed_out(tmp_path):
     assert [s.sample_id for s in b.samples] == ["s0", "s2", "s4"]  # all of group a, never split, over the size
     now[0] = 200.0  # group b waited past the timeout
     assert [s.sample_id for s in pool.next_batch(req(1, size=2)).samples] == ["s1", "s3"]
+
+
+def test_ingested_logs_are_never_dropped_as_stale(tmp_path):
+    pool = SamplePool(tmp_path, max_staleness=2, fsync=False)
+    old_live, old_log = sample(0, version=0), sample(1, version=0)
+    old_log.ingested = True
+    pool.add([old_live, old_log, sample(2, version=9)])
+    batch = pool.next_batch(req(0, size=2, version=10))
+    assert [s.sample_id for s in batch.samples] == ["s1", "s2"] and batch.dropped_stale == 1

@@ -7,7 +7,7 @@ import httpx
 import pytest
 import torch
 
-
+from clawr1.chat import IM_END
 
 ENGINE_OVERRIDES = ("serve.max_running_requests=8",)
 
@@ -20,7 +20,7 @@ def hf(tiny_model):
 
 
 def prompt_ids(tok, text="What is 3 km plus 4 km?"):
-    from clawr1.gateway.chat_template import ChatRenderer
+    from clawr1.chat import ChatRenderer
 
     return ChatRenderer(tok).encode_messages([{"role": "user", "content": text}])
 
@@ -48,10 +48,10 @@ def test_greedy_generation_shape_and_exact_logprobs(engine, hf):
     assert [e[1] for e in meta["output_token_logprobs"]] == out["output_ids"]
     assert all(e[2] is None for e in meta["output_token_logprobs"])
     assert meta["weight_version"] == "0" and meta["weight_versions"] == [{"version": "0", "start": 0, "end": len(out["output_ids"])}]
-    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    eos = tok.convert_tokens_to_ids(IM_END)
     if meta["finish_reason"]["type"] == "stop":  # the stop token is kept in ids and log-probs, cut from text
         assert out["output_ids"][-1] == eos and meta["finish_reason"] == {"type": "stop", "matched": eos}
-        assert "<|im_end|>" not in out["text"]
+        assert IM_END not in out["text"]
     expected = hf_logprobs(model, ids + out["output_ids"], len(ids))
     got = [e[0] for e in meta["output_token_logprobs"]]
     assert max(abs(a - b) for a, b in zip(got, expected)) < 1e-4

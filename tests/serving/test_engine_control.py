@@ -1,4 +1,4 @@
-"""Weight swaps while requests run, pause/continue, and tensor updates, on a real engine process."""
+"""Weight swaps while requests run, pause/continue/flush, and tensor updates, on a real engine process."""
 from __future__ import annotations
 
 import base64
@@ -7,7 +7,12 @@ import threading
 import time
 
 import httpx
+import pytest
+import torch
 
+from clawr1.devtools import LoopProcess
+from clawr1.engine_api.client import SyncEngineClient
+from tests.conftest import make_config
 from tests.serving.test_engine_api import prompt_ids
 
 
@@ -103,3 +108,139 @@ def test_update_weights_from_tensor(engine, tiny_model):
     bad = httpx.post(f"{engine}/update_weights_from_tensor", json={"serialized_named_tensors": [wrong]})
     assert bad.status_code == 400 and "shape" in bad.json()["message"]
     assert httpx.get(f"{engine}/get_model_info").json()["weight_version"] == "9"
+
+
+# ---------------------------------------------------------------- no cache entry survives a weight change
+
+
+@pytest.fixture(scope="module")
+def perturbed(tiny_model, tmp_path_factory):
+    """The tiny model with every weight moved by a few percent: a second weight set, as a full HF directory."""
+    from clawr1.trainer.hf_io import load_hf_state, write_weights_dir
+
+    gen = torch.Generator().manual_seed(3)
+    state = {k: v + 0.05 * v.float().std().nan_to_num(0.1) * torch.randn(v.shape, generator=gen).to(v.dtype)
+             for k, v in load_hf_state(tiny_model).items()}
+    return write_weights_dir(state, tmp_path_factory.mktemp("perturbed") / "model", copy_from=tiny_model)
+
+
+@pytest.fixture(scope="module")
+def cold_engine(perturbed, tmp_path_factory):
+    """A second engine process that starts on the perturbed weights: what a cold request under them gets."""
+    cfg = make_config(tmp_path_factory.mktemp("cold"), f"model.path={perturbed}")
+    proc = LoopProcess(cfg, "serve")
+    try:
+        proc.wait_http(f"{cfg.engine_url}/health")
+        yield cfg.engine_url
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+def swap(engine, tiny_model, tmp_path):
+    """swap(path, version) loads weights as the trainer does (SyncEngineClient); the tiny model is put back after."""
+    from clawr1.trainer.hf_io import load_hf_state, write_weights_dir
+
+    client = SyncEngineClient(engine, retry_interval_s=0.05)
+    client.update_protocol()  # asked now, so a swap lands quickly
+    yield lambda path, version: client.update_weights_from_disk(str(path), version)
+    client.update_weights_from_disk(str(write_weights_dir(load_hf_state(tiny_model), tmp_path / "restore")), 0)
+    client.close()
+
+
+def greedy(ids: list[int], n: int) -> dict:
+    return {"input_ids": ids, "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True},
+            "return_logprob": True, "logprob_start_len": 0}
+
+
+def generate(url: str, body: dict) -> dict:
+    r = httpx.post(f"{url}/generate", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def logprobs(reply: dict, key: str = "output_token_logprobs") -> list:
+    return [e[0] for e in reply["meta_info"][key]]
+
+
+def test_the_embedded_engine_says_what_it_is(engine):
+    client = SyncEngineClient(engine)
+    try:
+        proto = client.update_protocol()
+    finally:
+        client.close()
+    assert (proto.engine, proto.pause_mode, proto.session) == ("clawr1-embedded", "retract", False)
+    assert httpx.get(f"{engine}/get_server_info").json()["engine"] == "clawr1-embedded"
+
+
+def test_after_a_weight_update_a_cached_prompt_gets_exactly_the_logprobs_of_a_cold_request(
+        engine, tiny_model, perturbed, cold_engine, swap):
+    from transformers import AutoTokenizer
+
+    body = greedy(prompt_ids(AutoTokenizer.from_pretrained(tiny_model)), 12)
+    before = generate(engine, body)  # the prompt (and these tokens) went through the engine's cache
+    swap(perturbed, 3)
+    after, cold = generate(engine, body), generate(cold_engine, body)
+    assert after["meta_info"]["weight_version"] == "3" and cold["meta_info"]["weight_version"] == "0"
+    assert after["output_ids"] == cold["output_ids"]
+    assert logprobs(after) == logprobs(cold)  # exactly: same tokens, same computation
+    assert logprobs(after, "input_token_logprobs")[1:] == logprobs(cold, "input_token_logprobs")[1:]
+    changed = [abs(a - b) for a, b in zip(logprobs(before, "input_token_logprobs")[1:],
+                                          logprobs(after, "input_token_logprobs")[1:])]
+    assert max(changed) > 1e-2  # the new weights do differ
+
+
+def test_a_request_running_across_an_update_continues_exactly_as_a_cold_one(engine, tiny_model, perturbed,
+                                                                            cold_engine, swap):
+    """Paused with retract, it is recomputed on the new weights: none of its old-weight KV is reused."""
+    from transformers import AutoTokenizer
+
+    prompt, n = prompt_ids(AutoTokenizer.from_pretrained(tiny_model)), 400
+    body = greedy(prompt, n)
+    t, chunks = stream_until(engine, body, 10)
+    swap(perturbed, 4)
+    t.join()
+    final = chunks[-1][1]
+    meta = final["meta_info"]
+    spans = meta["weight_versions"]
+    assert len(spans) == 2 and spans[1] == {"version": "4", "start": spans[0]["end"], "end": n}
+    assert meta["finish_reason"] == {"type": "length", "length": n} and meta["num_retractions"] == 1
+    k = spans[1]["start"]
+    assert 10 <= k < n
+    cold = generate(cold_engine, greedy(prompt + final["output_ids"][:k], n - k))
+    assert cold["output_ids"] == final["output_ids"][k:]
+    assert logprobs(cold) == [e[0] for e in meta["output_token_logprobs"]][k:]
+
+
+def test_flush_cache_is_refused_while_requests_hold_kv_as_in_sglang(engine, tiny_model):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    flush = lambda: httpx.get(f"{engine}/flush_cache", timeout=30)  # noqa: E731
+    assert flush().status_code == 200  # idle
+    t, running = stream_until(engine, long_request(tok, 400), chunks=3)
+    refused = flush()
+    assert refused.status_code == 400 and refused.text.startswith("Cache not flushed because there are pending "
+                                                                  "requests. #queue-req: 0, #running-req: 1")
+    httpx.post(f"{engine}/pause_generation", json={"mode": "in_place"})  # keeps its KV: still refused
+    assert flush().status_code == 400
+    httpx.post(f"{engine}/pause_generation", json={"mode": "retract"})  # back to the queue: accepted while paused
+    accepted = flush()
+    assert accepted.status_code == 200 and accepted.text.startswith("Cache flushed.")
+    httpx.post(f"{engine}/continue_generation")
+    stream_until_more(running, 3)
+    httpx.post(f"{engine}/pause_generation", json={"mode": "abort"})  # ends it
+    t.join()
+    assert running[-1][1]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert running[-1][1]["meta_info"]["num_retractions"] == 1
+    assert flush().status_code == 200
+    bad = httpx.post(f"{engine}/pause_generation", json={"mode": "soft"})
+    assert bad.status_code == 400 and "pause mode must be" in bad.json()["error"]["message"]
+    httpx.post(f"{engine}/continue_generation")
+
+
+def stream_until_more(received: list, more: int) -> None:
+    start, deadline = len(received), time.monotonic() + 60
+    while len(received) < start + more:
+        assert time.monotonic() < deadline, "the stream did not continue"
+        time.sleep(0.01)

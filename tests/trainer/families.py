@@ -9,9 +9,10 @@ COMMON = dict(vocab_size=250, hidden_size=64, intermediate_size=160, num_hidden_
               num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6)
 
 
-def family_config(name: str):
+def family_config(name: str, **overrides):
     from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
+    COMMON = {**globals()["COMMON"], **overrides}
     if name == "qwen2-tied":
         return Qwen2Config(**COMMON, tie_word_embeddings=True, rope_theta=10000.0)
     if name == "qwen2.5-untied":
@@ -28,11 +29,11 @@ def family_config(name: str):
 FAMILIES = ["qwen2-tied", "qwen2.5-untied", "qwen3", "llama3"]
 
 
-def save_random_model(name: str, out: Path, seed: int = 0) -> Path:
+def save_random_model(name: str, out: Path, seed: int = 0, **overrides) -> Path:
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(family_config(name), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(family_config(name, **overrides), dtype=torch.float32)
     with torch.no_grad():  # norms start at 1.0 in HF: randomize them so a swapped norm would show
         for n, p in model.named_parameters():
             if "norm" in n:

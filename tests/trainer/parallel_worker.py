@@ -5,6 +5,7 @@ global grad norm, and the full gradients and weights in HF naming.
 """
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -31,7 +32,7 @@ def gather_hf(policy, tensors: dict) -> dict | None:
     return megatron_to_hf(shards, policy.arch) if dist.get_rank() == 0 else None
 
 
-def main(model: str, samples_path: str, out: str, tp: int) -> None:
+def main(model: str, samples_path: str, out: str, tp: int, algo_overrides: dict) -> None:
     torch.set_num_threads(1)
     par = init_parallel(tp=tp, seed=0)
     policy = build_policy(model, tp, par.tp_rank)
@@ -41,7 +42,8 @@ def main(model: str, samples_path: str, out: str, tp: int) -> None:
     cfg = TrainerConfig(lr=1e-3, grad_clip=0.05, adam_eps=1e-3)
     opt = TorchAdamW(policy.model, cfg, total_steps=10, tp=tp, dp=par.dp)
     # every objective at once: GRPO + EMA baselines, OPD, top-k KL, reference KL, entropy bonus, dual clip, TIS
-    algo = AlgoConfig(w_rl=1.0, w_opd=0.5, w_topk=0.3, kl_coef=0.1, entropy_coef=0.01, dual_clip=3.0)
+    algo = AlgoConfig(**{"w_rl": 1.0, "w_opd": 0.5, "w_topk": 0.3, "kl_coef": 0.1, "entropy_coef": 0.01, "dual_clip": 3.0,
+                         **algo_overrides})
     ref = build_policy(model, tp, par.tp_rank)
     with torch.no_grad():  # a reference that differs from the policy, so the KL term has a gradient
         for p in ref.model.parameters():
@@ -52,10 +54,11 @@ def main(model: str, samples_path: str, out: str, tp: int) -> None:
     grads = gather_hf(policy, {k: p.grad.detach().clone() for k, p in named.items()})
     weights = gather_hf(policy, {k: p.detach().clone() for k, p in named.items()})
     if dist.get_rank() == 0:
-        torch.save({"loss": stats["pg_loss"], "grad_norm": stats["grad_norm"], "grads": grads, "weights": weights}, out)
+        torch.save({"loss": stats["pg_loss"], "grad_norm": stats["grad_norm"], "grads": grads, "weights": weights,
+                    "stats": stats}, out)
     dist.barrier()
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), json.loads(sys.argv[5]) if len(sys.argv) > 5 else {})

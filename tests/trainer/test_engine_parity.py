@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import httpx
 
-from clawr1.gateway.chat_template import ChatRenderer
+from clawr1.chat import ChatRenderer
 
 
 def test_engine_sampled_logprobs_equal_megatron_logprobs(engine, tiny_model, megatron_tp1):
@@ -29,3 +29,42 @@ def test_engine_sampled_logprobs_equal_megatron_logprobs(engine, tiny_model, meg
     diffs = [abs(a - b) for a, b in zip(trainer_lps, engine_lps)]
     assert sum(diffs) / len(diffs) < 1e-5
     assert max(diffs) < 1e-4
+
+
+def test_at_temperature_0_7_rollout_trainer_and_teacher_log_probs_agree(engine, tiny_model, megatron_tp1):
+    """Defect 5: log-probs sampled at T=0.7, recomputed by the trainer at the sample's temperature and scored by the
+    teacher at it, are one distribution; at T=1 they would not be."""
+    import asyncio
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from clawr1.engine_api.client import EngineClient
+    from clawr1.judge.teacher import Teacher
+    from clawr1.trainer.model import build_policy, pack, packed_logprobs
+
+    renderer = ChatRenderer(AutoTokenizer.from_pretrained(tiny_model))
+    policy = build_policy(tiny_model)
+    prompt = renderer.encode_messages([{"role": "user", "content": "What is 12 m plus 30 m?"}])
+    out = httpx.post(f"{engine}/generate", json={
+        "input_ids": prompt, "sampling_params": {"max_new_tokens": 30, "temperature": 0.7, "sampling_seed": 3},
+        "return_logprob": True}, timeout=60).json()
+    response, rollout = out["output_ids"], [e[0] for e in out["meta_info"]["output_token_logprobs"]]
+    packed = pack([prompt + response], [len(prompt)])
+    at_07 = packed_logprobs(policy, packed, torch.full((len(response),), 0.7)).tolist()
+    at_1 = packed_logprobs(policy, packed, 1.0).tolist()
+    assert max(abs(a - b) for a, b in zip(at_07, rollout)) < 1e-4
+    assert sum(abs(a - b) for a, b in zip(at_1, rollout)) / len(rollout) > 1e-2  # the temperature matters
+
+    async def teacher_scores():
+        client = EngineClient(engine)
+        try:
+            plain = await client.score(prompt + response, first_scored=len(prompt), temperature=0.7)
+            hinted = await Teacher(client, renderer).score(prompt, response, "Be brief.", temperature=0.7)
+            return plain, hinted
+        finally:
+            await client.close()
+
+    plain, hinted = asyncio.run(teacher_scores())
+    assert max(abs(a - b) for a, b in zip(plain.prompt_logprobs, rollout)) < 1e-4
+    assert hinted.temperature == 0.7 and len(hinted.generation.prompt_logprobs) == len(response)

@@ -9,11 +9,12 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from clawr1.config import save_config
 from clawr1.pool.store import SamplePool
-from tests.conftest import REPO, LoopProcess, make_config
+from tests.conftest import REPO, make_config
 from tests.trainer.test_parallel import synthetic_samples
 
 STEPS, BATCH = 6, 4
@@ -76,6 +77,12 @@ def test_interrupted_and_resumed_training_reproduces_the_loss_sequence(tiny_mode
     os.kill(proc.pid, signal.SIGKILL)  # mid-run: step 3 is trained but only step 2 is checkpointed
     proc.wait()
     assert trainer(broken, "--resume").wait(timeout=300) == 0
+    # versions count the steps published: the checkpoint (step 2) went back out as version 2, so the engine
+    # ends at the trainer's final step, not at one more per resume
+    assert int(httpx.get(f"{broken.engine_url}/get_model_info").json()["weight_version"]) == STEPS
+    finals = [json.loads(line) for line in (broken.run_dir / "metrics.jsonl").read_text().splitlines()
+              if "final_version" in line]
+    assert finals[-1]["final_version"] == STEPS and finals[-1]["final_engine_versions"] == [STEPS]
     resumed = losses(broken.run_dir)
     assert sorted(resumed) == list(range(1, STEPS + 1))
     assert [resumed[s] for s in range(1, STEPS + 1)] == [reference[s] for s in range(1, STEPS + 1)]
@@ -121,3 +128,54 @@ def test_export_refuses_what_is_not_a_checkpoint(tmp_path):
     out = subprocess.run([sys.executable, "-m", "clawr1.cli", "export", str(tmp_path), str(tmp_path / "o")], cwd=REPO,
                          capture_output=True, text=True)
     assert out.returncode != 0 and "not a clawr1 checkpoint" in out.stderr
+
+
+def trainers(cfg, world: int, *extra: str) -> list[subprocess.Popen]:
+    """`world` trainer ranks (tensor parallel) for one run."""
+    from clawr1.config import free_port
+
+    port = str(free_port())
+    return [subprocess.Popen([sys.executable, "-m", "clawr1.cli", "train", "--config", str(cfg.run_dir / "config.yaml"),
+                              *extra], cwd=REPO, stdout=open(cfg.run_dir / f"trainer-{r}.log", "ab"),
+                             stderr=subprocess.STDOUT,
+                             env={**os.environ, "PYTHONUNBUFFERED": "1", "RANK": str(r), "WORLD_SIZE": str(world),
+                                  "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
+            for r in range(world)]
+
+
+def test_tensor_parallel_2_resume_restores_every_rank_and_the_loss_sequence(tiny_model, tmp_path, services):
+    """Issue 15: each TP rank writes and restores its own shard (model, optimizer); the losses are the uninterrupted ones."""
+    def prepare_tp2(run_dir):
+        cfg = prepare(run_dir)
+        cfg.trainer.tensor_parallel = 2
+        save_config(cfg, run_dir / "config.yaml")
+        return cfg
+
+    straight = prepare_tp2(tmp_path / "straight")
+    services(straight)
+    assert all(p.wait(timeout=300) == 0 for p in trainers(straight, 2))
+    reference = losses(straight.run_dir)
+
+    broken = prepare_tp2(tmp_path / "broken")
+    services(broken)
+    procs = trainers(broken, 2)
+    deadline = time.monotonic() + 300
+    while trained_steps(broken.run_dir) < 3:
+        assert all(p.poll() is None for p in procs) and time.monotonic() < deadline
+        time.sleep(0.05)
+    for p in procs:
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+    shards = sorted((broken.run_dir / "checkpoints" / "step000002").glob("rank*.pt"))
+    assert [p.name for p in shards] == ["rank000.pt", "rank001.pt"]
+    assert all(p.wait(timeout=300) == 0 for p in trainers(broken, 2, "--resume"))
+    resumed = losses(broken.run_dir)
+    assert sorted(resumed) == list(range(1, STEPS + 1))
+    assert all(abs(resumed[s] - reference[s]) < 1e-6 for s in range(1, STEPS + 1)), (resumed, reference)
+
+
+def test_distributed_optimizer_state_has_one_file_per_model_parallel_rank(tmp_path):
+    from clawr1.trainer.checkpoint import parameter_state_file
+
+    names = {parameter_state_file(tmp_path, r).name for r in range(4)}
+    assert len(names) == 4 and parameter_state_file(tmp_path, 1).name == "optimizer_parameter_state_mp001.pt"

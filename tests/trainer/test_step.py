@@ -56,5 +56,26 @@ def test_lr_schedules():
     assert [constant(s) for s in (0, 1, 3, 4, 99)] == [0.25, 0.5, 1.0, 1.0, 1.0]
     cosine = lr_factor(TrainerConfig(lr_schedule="cosine", warmup_steps=0, min_lr_ratio=0.1), 100)
     assert cosine(0) == 1.0 and math.isclose(cosine(50), 0.55) and math.isclose(cosine(100), 0.1)
-    with pytest.raises(ValueError, match="constant or cosine"):
-        lr_factor(TrainerConfig(lr_schedule="linear"), 10)
+    with pytest.raises(ValueError, match="'constant' or 'cosine'"):
+        TrainerConfig(lr_schedule="linear")
+
+
+def test_opd_compares_the_student_at_the_temperature_the_teacher_was_scored_at(tiny_model, megatron_tp1):
+    """A teacher scored at T=1 (SGLang: raw logits) for a sample drawn at T=0.7: the OPD gap uses the student at T=1."""
+    from clawr1.trainer.model import build_policy, pack, packed_logprobs
+    from clawr1.trainer.step import train_step
+
+    policy = build_policy(tiny_model)
+    samples = synthetic_samples(4, seed=2, topk=0)
+    for s in samples:
+        s.temperature = 0.7
+        packed = pack([s.tokens], [s.prompt_len])
+        s.teacher_logprobs = packed_logprobs(policy, packed, 1.0).tolist()  # the teacher is the student itself
+        s.teacher_temperature = 1.0
+    algo = AlgoConfig(w_rl=0.0, w_opd=1.0)
+    stats = train_step(policy, RecordingOptimizer(policy.model), samples, algo, 100_000)
+    assert abs(stats["adv_opd_mean"]) < 1e-5 and stats["adv_opd_std"] < 1e-4  # no gap: same policy, same T
+    for s in samples:
+        s.teacher_temperature = 0.7  # mislabelled: now the gap is the temperature's, not the hint's
+    stats = train_step(policy, RecordingOptimizer(policy.model), samples, algo, 100_000)
+    assert stats["adv_opd_std"] > 1e-2

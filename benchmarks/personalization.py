@@ -1,0 +1,104 @@
+"""The personalization benchmark: recipes x seeds x users x judge accuracies, with the spread.
+
+    python benchmarks/personalization.py --recipes binary_rl,opd,combined --seeds 3 --profiles 0,1 \\
+        --judge-accuracy 1.0,0.8,0.7 [--out runs/personalization] [--steps 150] [override ...]
+
+Runs `clawr1 run recipes/<recipe>/cpu.yaml` once per configuration, one after another (a finished
+run, one with a summary.json, is kept and not run again, so the command can be resumed). A judge of
+accuracy a flips each score with probability 1 - a (judge.score_noise). Per recipe x accuracy x user
+it reports the mean and standard deviation over seeds of the final held-out score and of the area
+under the score curve (the mean score over the evaluated versions: sample efficiency), prints one
+JSON line, and writes a markdown table, and curves per user and accuracy through `clawr1 report`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from clawr1.report import load_run  # noqa: E402
+
+
+def run_dir(out: Path, recipe: str, accuracy: float, profile: int, seed: int) -> Path:
+    return out / f"acc{accuracy:g}" / f"p{profile}" / f"{recipe}-s{seed}"
+
+
+def run_one(path: Path, recipe: str, accuracy: float, profile: int, seed: int, steps: int, extra: list[str]) -> float:
+    if (path / "summary.json").exists():
+        return 0.0
+    t0 = time.monotonic()
+    cmd = [sys.executable, "-m", "clawr1.cli", "run", f"recipes/{recipe}/cpu.yaml", f"run.dir={path}",
+           f"run.seed={seed}", f"run.max_steps={steps}", f"rollout.env_args.profile_seed={profile}",
+           f"judge.score_noise={1 - accuracy:g}", "--overwrite", *extra]
+    with open(path.parent / f"{path.name}.out", "w") as log:
+        code = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
+    if code != 0:
+        raise SystemExit(f"{' '.join(cmd)} exited {code}; see {path.parent / (path.name + '.out')}")
+    return time.monotonic() - t0
+
+
+def scores(path: Path) -> tuple[float, float]:
+    """(final held-out score, area under the score curve: the mean over evaluated versions)."""
+    curve = load_run(path).series["score"]
+    return curve[-1][1], statistics.fmean(v for _, v in curve)
+
+
+def mean_std(values: list[float]) -> dict:
+    return {"mean": round(statistics.fmean(values), 4), "std": round(statistics.pstdev(values), 4),
+            "runs": [round(v, 4) for v in values]}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--recipes", default="binary_rl,opd,combined")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--profiles", default="0,1")
+    p.add_argument("--judge-accuracy", default="1.0,0.8,0.7")
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--out", default="runs/personalization")
+    p.add_argument("overrides", nargs="*", help="for every run, e.g. algo.opd_center=sample")
+    args = p.parse_args()
+    out = Path(args.out)
+    recipes = args.recipes.split(",")
+    profiles = [int(x) for x in args.profiles.split(",")]
+    accuracies = [float(x) for x in args.judge_accuracy.split(",")]
+    results, lines = {}, ["| judge accuracy | user | recipe | final score (mean ± std) | area under curve | seeds |",
+                          "|---|---|---|---|---|---|"]
+    for accuracy in accuracies:
+        for profile in profiles:
+            dirs = []
+            for recipe in recipes:
+                finals, areas = [], []
+                for seed in range(1, args.seeds + 1):
+                    path = run_dir(out, recipe, accuracy, profile, seed)
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    took = run_one(path, recipe, accuracy, profile, seed, args.steps, args.overrides)
+                    final, area = scores(path)
+                    finals.append(final)
+                    areas.append(area)
+                    dirs.append(path)
+                    print(f"[bench] acc {accuracy:g} user {profile} {recipe} seed {seed}: final {final:.3f} "
+                          f"area {area:.3f} ({took / 60:.1f} min)", file=sys.stderr, flush=True)
+                key = f"{recipe}/acc{accuracy:g}/p{profile}"
+                results[key] = {"final": mean_std(finals), "area": mean_std(areas)}
+                lines.append(f"| {accuracy:g} | {profile} | {recipe} | {results[key]['final']['mean']:.3f} ± "
+                             f"{results[key]['final']['std']:.3f} | {results[key]['area']['mean']:.3f} ± "
+                             f"{results[key]['area']['std']:.3f} | {', '.join(f'{v:.3f}' for v in finals)} |")
+            report = out / f"curves-acc{accuracy:g}-p{profile}"
+            subprocess.run([sys.executable, "-m", "clawr1.cli", "report", *map(str, dirs), "--out", str(report)],
+                           cwd=REPO, stdout=subprocess.DEVNULL, check=True)
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines), file=sys.stderr)
+    print(json.dumps({"benchmark": "personalization", "steps": args.steps, "seeds": args.seeds, "results": results}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

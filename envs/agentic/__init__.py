@@ -1,0 +1,1 @@
+"""Shared pieces of the agentic environments (terminal, SWE and tool-call tasks): the sandbox."""

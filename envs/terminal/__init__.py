@@ -1,0 +1,1 @@
+"""Terminal-agent environment: Terminal-Bench-compatible task directories (tasks.py, tasks/)."""

@@ -1,0 +1,12 @@
+#!/bin/bash
+# usage: backup.sh SRC DEST
+# Copies every regular file ending in .txt directly inside SRC (not in subdirectories) into DEST,
+# creating DEST (and its parents) if needed, then prints "copied <n> files".
+src=$1
+dest=$2
+count=0
+for f in $(ls $src | grep .txt); do
+  cp $src/$f $dest
+  count=$((count+1))
+done
+echo "copied $count file"

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -euo pipefail
+chmod 644 bin/report.sh

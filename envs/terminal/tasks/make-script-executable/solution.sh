@@ -1,0 +1,3 @@
+#!/bin/bash
+set -euo pipefail
+chmod u+x bin/report.sh

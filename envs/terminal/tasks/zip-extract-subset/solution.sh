@@ -1,0 +1,3 @@
+#!/bin/bash
+set -euo pipefail
+unzip -q bundle.zip 'docs/*' -d docs_only

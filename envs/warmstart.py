@@ -1,0 +1,29 @@
+"""The tiny model's warm-start data (`model.tiny.warm_start`): the personal env's conversations, and a
+small share of the learnable tool-call tasks' solved episodes, so the base model makes well-formed tool
+calls some of the time, not reliably: something for RL on envs/toolcall's learnable set to improve."""
+from __future__ import annotations
+
+import random
+
+from envs.personal.warmstart import conversations as personal_conversations
+from envs.toolcall.learnable import warmstart_conversations as tool_conversations
+
+TOOL_SHARE = 0.15
+
+
+def conversations(n: int, seed: int) -> list[tuple[list[dict], list[dict] | None]]:
+    """`n` (messages, tools) conversations in a seeded shuffle; only the learnable set's train split."""
+    n_tool = round(n * TOOL_SHARE)
+    mixed = personal_conversations(n - n_tool, seed) + tool_conversations(n_tool, seed)
+    random.Random(f"warm-start-mix-{seed}").shuffle(mixed)
+    return mixed
+
+
+def tool_heavy_conversations(n: int, seed: int) -> list[tuple[list[dict], list[dict] | None]]:
+    """The same mix with 40% learnable tool-call episodes, for recipes/toolcall's own tiny model: copying a
+    number from the context (the question's into the call, the tool's into the answer) only emerged in the
+    tiny model with this much of it and a longer warm start (benchmarks/RESULTS.md)."""
+    n_tool = round(n * 0.4)
+    mixed = personal_conversations(n - n_tool, seed) + tool_conversations(n_tool, seed)
+    random.Random(f"warm-start-mix-{seed}").shuffle(mixed)
+    return mixed

@@ -1,0 +1,121 @@
+"""Deploy = train: `clawr1 run recipes/live/cpu.yaml` driven by an external OpenAI client, stopped, resumed.
+
+The traffic comes from `python -m envs.personal.client`, a black-box program that knows nothing of
+clawr1 but the base URL. The held-out score is measured the same way, as side turns.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from clawr1.config import free_port
+from tests.conftest import REPO, pid_alive
+from tests.e2e.test_run import descendants, trainer_records
+
+pytestmark = pytest.mark.slow
+TRAIN_STEPS = 150
+
+
+class LiveRun:
+    """A `clawr1 run recipes/live/cpu.yaml` process; its output lines are read as they come."""
+
+    def __init__(self, run_dir: Path, *extra: str):
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "clawr1.cli", "run", "recipes/live/cpu.yaml", f"run.dir={run_dir}",
+             f"gateway.port={self.port}", *extra], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.lines: list[str] = []
+
+    def wait_ready(self, timeout: float = 300) -> str:
+        """The base URL from the first ready line."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise AssertionError("the run exited before it was ready:\n" + "".join(self.lines))
+            self.lines.append(line)
+            if line.startswith("[run] ready"):
+                return line.split("OpenAI base URL ")[1].strip()
+        raise AssertionError("not ready in time")
+
+    def interrupt(self) -> tuple[int, str]:
+        self.proc.send_signal(signal.SIGINT)
+        out, _ = self.proc.communicate(timeout=120)
+        return self.proc.returncode, "".join(self.lines) + out
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+
+
+def client(url: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "envs.personal.client", "--base-url", url, *args], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+
+def evaluate(url: str, n: int = 64) -> float:
+    out, _ = client(url, "--evaluate", str(n)).communicate(timeout=300)
+    return json.loads(out.strip().splitlines()[-1])["personalization_score"]
+
+
+def steps(run_dir: Path) -> int:
+    records = trainer_records(run_dir)
+    return records[-1]["step"] if records else 0
+
+
+def train_until(url: str, run_dir: Path, target: int, timeout: float) -> None:
+    users = client(url, "--users", "8")
+    try:
+        deadline = time.monotonic() + timeout
+        while steps(run_dir) < target:
+            assert users.poll() is None and time.monotonic() < deadline, f"{steps(run_dir)} steps so far"
+            time.sleep(2)
+    finally:
+        users.send_signal(signal.SIGTERM)
+        users.communicate(timeout=60)
+
+
+def test_live_run_learns_from_an_external_client_stops_and_resumes(tiny_model, tmp_path):
+    run_dir = tmp_path / "live"
+    run = LiveRun(run_dir)
+    try:
+        url = run.wait_ready()
+        assert url == f"http://127.0.0.1:{run.port}/v1"
+        assert [l for l in run.lines if l.startswith("[run] ready")] == [run.lines[-1]]  # the URL is the first ready line
+        before = evaluate(url)
+        train_until(url, run_dir, TRAIN_STEPS, timeout=900)
+        after = evaluate(url)
+        assert after >= 0.5 and after > before, (before, after)
+        children = descendants(run.proc.pid)
+        code, out = run.interrupt()
+        assert code == 130, out[-3000:]
+        assert "[live]  served" in out  # progress lines came while it ran
+        last = steps(run_dir)
+        assert (run_dir / "checkpoints" / f"step{last:06d}").is_dir()  # the stop checkpointed the last step
+        assert (run_dir / "gateway" / "sessions.bin").exists()
+        assert not [p for p in children if pid_alive(p)]
+    finally:
+        run.kill()
+
+    resumed = LiveRun(run_dir, "--resume")
+    try:
+        url = resumed.wait_ready()
+        reply = httpx.post(f"{url}/chat/completions", json={"messages": [{"role": "user", "content": "Add 2 m and 3 m."}],
+                                                             "max_tokens": 8}, timeout=60).json()
+        assert reply["system_fingerprint"] == f"clawr1-v{last}"  # the same weights, by version
+        assert not (run_dir / "gateway" / "sessions.bin").exists()  # the saved sessions were taken back
+        train_until(url, run_dir, last + 2, timeout=300)  # and it trains on
+        code, out = resumed.interrupt()
+        assert code == 130 and steps(run_dir) >= last + 2
+    finally:
+        resumed.kill()
