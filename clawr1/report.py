@@ -4,12 +4,14 @@ Curves (x: trainer step / weight version): mean reward, the environment's held-o
 score (the headline metric each evaluation record names in `eval_metric`, e.g. the
 personalization score), KL (to the reference if kept, else from the sampling policy to
 the trained one: the off-policy gap), entropy, hint rate, staleness. Table: per run,
-the objective, the score before and after training, and the wall time; and the score
-of every run at every evaluated version.
+the objective, the score before and after training, and the wall time; the score
+of every run at every evaluated version; and, where the environment measures its
+teacher (`uptake_<kind>`, `auc_<kind>`: envs/personal/teacher_probe.py), the hint
+uptake and teacher signal quality per kind at the first and the last evaluation.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -29,6 +31,8 @@ class RunCurves:
     series: dict[str, list[tuple[int, float]]]
     wall_s: float
     score_name: str = "score"  # the environment's headline metric
+    # teacher measurements per evaluated version: {version: {"uptake_tone": ..., "auc_tone": ...}}
+    teacher: dict[int, dict[str, float]] = field(default_factory=dict)
 
     def last(self, key: str) -> Optional[float]:
         return self.series[key][-1][1] if self.series.get(key) else None
@@ -44,8 +48,11 @@ def _objective(run_dir: Path) -> str:
     cfg = yaml.safe_load(path.read_text()) or {}
     algo, lr = cfg.get("algo", {}), cfg.get("trainer", {}).get("lr")
     parts = [f"{k}={algo.get(k)}" for k in ("w_rl", "w_opd", "w_topk", "kl_coef") if algo.get(k)]
-    if cfg.get("judge", {}).get("teacher") == "frozen":
-        parts.append("frozen teacher")
+    judge = cfg.get("judge", {})
+    if judge.get("teacher") in ("frozen", "lagged"):
+        parts.append(f"{judge['teacher']} teacher")
+    if judge.get("score_noise"):
+        parts.append(f"judge accuracy {1 - judge['score_noise']:g}")
     return ", ".join(parts + ([f"lr={lr:g}"] if lr else [])) or "no objective"
 
 
@@ -55,6 +62,7 @@ def load_run(run_dir: Path) -> RunCurves:
         raise FileNotFoundError(f"{run_dir} has no metrics.jsonl (is it a clawr1 run directory?)")
     series: dict[str, list[tuple[int, float]]] = {k: [] for k, _ in PANELS}
     score_name = "score"
+    teacher: dict[int, dict[str, float]] = {}
     for r in rows:
         if r.get("loop") == "trainer" and "pg_loss" in r:
             for key in ("reward_mean", "entropy", "hint_rate", "staleness_mean"):
@@ -63,9 +71,12 @@ def load_run(run_dir: Path) -> RunCurves:
         elif r.get("loop") == "rollout" and "eval_metric" in r:
             score_name = r["eval_metric"]
             series["score"].append((r["eval_version"], r[score_name]))
+            probe = {k: v for k, v in r.items() if k.startswith(("uptake_", "auc_")) and v is not None}
+            if probe:
+                teacher[r["eval_version"]] = probe
     series["score"].sort()
     times = [r["time"] for r in rows]
-    return RunCurves(run_dir.name, _objective(run_dir), series, max(times) - min(times), score_name)
+    return RunCurves(run_dir.name, _objective(run_dir), series, max(times) - min(times), score_name, teacher)
 
 
 def _score_title(runs: list[RunCurves]) -> str:
@@ -102,6 +113,24 @@ def score_table(runs: list[RunCurves]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def teacher_table(runs: list[RunCurves]) -> str:
+    """Hint uptake and teacher AUC per kind, at the run's first and last evaluation (empty if none measured)."""
+    lines = []
+    for r in runs:
+        if not r.teacher:
+            continue
+        first, last = min(r.teacher), max(r.teacher)
+        kinds = [k.removeprefix("uptake_") for k in r.teacher[first] if k.startswith("uptake_")]
+        for kind in kinds:
+            cells = [r.teacher[v].get(f"{what}_{kind}") for what in ("uptake", "auc") for v in (first, last)]
+            shown = ["-" if c is None else f"{c:+.2f}" if i < 2 else f"{c:.2f}" for i, c in enumerate(cells)]
+            lines.append(f"| {r.name} | {kind} | {shown[0]} → {shown[1]} | {shown[2]} → {shown[3]} |")
+    if not lines:
+        return ""
+    return ("| run | kind | hint uptake (first → last evaluation) | teacher AUC (first → last) |\n"
+            "|---|---|---|---|\n" + "\n".join(lines) + "\n")
+
+
 def plot(runs: list[RunCurves], out_png: Path) -> None:
     import matplotlib
 
@@ -128,5 +157,7 @@ def report(run_dirs: list[Path], out_prefix: Path) -> tuple[Path, Path]:
     png, md = out_prefix.with_suffix(".png"), out_prefix.with_suffix(".md")
     png.parent.mkdir(parents=True, exist_ok=True)
     plot(runs, png)
-    md.write_text(markdown_table(runs) + "\n" + score_table(runs) + f"\n![curves]({png.name})\n")
+    teacher = teacher_table(runs)
+    md.write_text(markdown_table(runs) + "\n" + score_table(runs) + (f"\n{teacher}" if teacher else "")
+                  + f"\n![curves]({png.name})\n")
     return png, md

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clawr1.report import load_run, markdown_table, report, score_table
+from clawr1.report import load_run, markdown_table, report, score_table, teacher_table
 from tests.conftest import REPO
 
 
@@ -56,3 +56,19 @@ def test_report_writes_png_and_markdown_from_the_command_line(tmp_path):
 def test_a_directory_without_metrics_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no metrics.jsonl"):
         report([tmp_path], tmp_path / "out")
+
+
+def test_teacher_table_shows_uptake_and_auc_at_the_first_and_last_evaluation(tmp_path):
+    run = fake_run(tmp_path, "combined", 1.0, 1.0, [0.0, 0.5, 0.9])
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    probes = {0: {"uptake_tone": 0.5, "auc_tone": 0.9, "uptake_units": -0.25, "auc_units": None},
+              2: {"uptake_tone": 0.25, "auc_tone": 0.8, "uptake_units": 0.0, "auc_units": 0.55},
+              4: {"uptake_tone": 0.0, "auc_tone": 0.75, "uptake_units": 0.125, "auc_units": 0.6}}
+    for r in rows:
+        if "eval_version" in r:
+            r.update(probes[r["eval_version"]])
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert teacher_table([load_run(run)]).splitlines()[2:] == [
+        "| combined | tone | +0.50 → +0.00 | 0.90 → 0.75 |",
+        "| combined | units | -0.25 → +0.12 | - → 0.60 |"]
+    assert teacher_table([load_run(fake_run(tmp_path, "plain", 1.0, 0.0, [0.0, 0.1, 0.2]))]) == ""
