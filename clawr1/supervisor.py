@@ -28,7 +28,7 @@ import httpx
 
 from clawr1.cluster import apply_partition, visible_devices
 from clawr1.config import Config, assign_free_ports, free_port, save_config
-from clawr1.engine_api.versions import parse_version
+from clawr1.engine_api.client import final_weight_version
 from clawr1.runtime import ready_file, start_process, stop_processes
 from clawr1.tracking import MetricsTail, RunStatus
 
@@ -237,11 +237,7 @@ class Supervisor:
                 time.sleep(0.5)
             self.progress.poll()  # the final evaluation's line
         summary = {"steps": cfg.run.max_steps, "run_dir": str(cfg.run_dir)}
-        try:
-            info = httpx.get(f"{cfg.engine_urls[0]}/get_model_info", timeout=10).json()
-            summary["engine_weight_version"] = parse_version(info.get("weight_version"))
-        except (httpx.HTTPError, KeyError, ValueError) as e:
-            summary["engine_weight_version_error"] = str(e)
+        summary.update(final_weight_version(cfg.engine_urls[0]))
         (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         self.echo(f"[run] done: {summary}")
         return 0
@@ -360,7 +356,12 @@ def make_supervisor(cfg: Config, echo: Callable[[str], None] = print) -> Supervi
     """The local supervisor, or with cluster.backend=ray the Ray one (clawr1/ray_run.py, the only module that
     imports Ray); both have describe() and run()."""
     if cfg.cluster.backend == "ray":
-        from clawr1.ray_run import RaySupervisor
-
+        try:
+            from clawr1.ray_run import RaySupervisor
+        except ModuleNotFoundError as e:
+            if e.name != "ray":
+                raise
+            raise SystemExit("cluster.backend=ray needs Ray in this environment (and the same version on every "
+                             "node): pip install -e .[cluster]") from None
         return RaySupervisor(cfg, echo)
     return Supervisor(cfg, echo)

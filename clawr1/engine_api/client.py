@@ -405,6 +405,17 @@ class SyncEngineClient:
         self.http.close()
 
 
+def final_weight_version(url: str) -> dict[str, Any]:
+    """For a run's summary.json: the engine's weight version at the end, or why it could not be read."""
+    client = SyncEngineClient(url, timeout_s=10)
+    try:
+        return {"engine_weight_version": client.weight_version()}
+    except (httpx.HTTPError, EngineError, ValueError) as e:
+        return {"engine_weight_version_error": str(e)}
+    finally:
+        client.close()
+
+
 def disk_update_payload(path: str, version: int) -> dict[str, Any]:
     """POST /update_weights_from_disk after a pause and a flush (see SyncEngineClient.update_weights_from_disk)."""
     return {"model_path": path, "weight_version": str(version), "flush_cache": False}
