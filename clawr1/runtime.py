@@ -66,10 +66,12 @@ def record_whereabouts(cfg: Config) -> None:
         return
     path = cfg.run_dir / "state" / f"{name}.where.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")  # renamed into place: a reader never sees half a file
+    tmp.write_text(json.dumps({
         "loop": name, "pid": os.getpid(), "ppid": os.getppid(), "hostname": socket.gethostname(),
         "node_id": os.environ.get("CLAWR1_NODE_ID", ""), "node_ip": os.environ.get("CLAWR1_NODE_IP", ""),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}))
+    os.replace(tmp, path)
 
 
 def resolve_api_key(cfg: GatewayConfig) -> Optional[str]:

@@ -51,8 +51,10 @@ if [[ -n "${RAY_ADDRESS:-}" ]]; then
     PRM_ARGS=("cluster.ray.prm_gpus=$PRM_GPUS" "judge.prm_model_path=${PRM_MODEL_PATH:-$MODEL_PATH}")
   fi
   echo "launch/${RECIPE}.sh: Ray cluster at ${RAY_ADDRESS}: actor GPUs ${ACTOR_GPUS}, rollout GPUs ${ROLLOUT_GPUS}, PRM GPUs ${PRM_GPUS} -> ${RUN_DIR}" >&2
+  # Weights reach engines on other nodes by NCCL (trainer rank 0 and every engine in one group); with RUN_DIR on a
+  # filesystem every node shares, trainer.weight_sync=disk (given after the script) works too.
   exec clawr1 run "$REPO/recipes/${RECIPE}/cluster.yaml" \
-    "run.dir=${RUN_DIR}" "model.path=${MODEL_PATH}" cluster.backend=ray \
+    "run.dir=${RUN_DIR}" "model.path=${MODEL_PATH}" cluster.backend=ray trainer.weight_sync=nccl \
     "cluster.ray.actor_gpus=${ACTOR_GPUS}" "cluster.ray.rollout_gpus=${ROLLOUT_GPUS}" \
     "${PRM_ARGS[@]}" "$@"
 fi
