@@ -50,6 +50,20 @@ def scores(path: Path) -> tuple[float, float]:
     return curve[-1][1], statistics.fmean(v for _, v in curve)
 
 
+def teacher_rows(label: str, probes: list[dict[str, float]]) -> list[str]:
+    """Markdown rows: per kind, the mean over runs of satisfied-with-the-hint, uptake and AUC (n/a where unmeasured)."""
+    kinds = sorted({k.removeprefix("uptake_") for p in probes for k in p if k.startswith("uptake_")})
+
+    def avg(key: str) -> str:
+        values = [p[key] for p in probes if p.get(key) is not None]
+        if not values:
+            return "n/a"
+        return f"{statistics.fmean(values):{'+' if key.startswith('uptake_') else ''}.2f}"
+
+    return [f"| {label} | {kind} | {avg(f'hinted_{kind}')} | {avg(f'uptake_{kind}')} | {avg(f'auc_{kind}')} |"
+            for kind in kinds]
+
+
 def mean_std(values: list[float]) -> dict:
     return {"mean": round(statistics.fmean(values), 4), "std": round(statistics.pstdev(values), 4),
             "runs": [round(v, 4) for v in values]}
@@ -71,6 +85,7 @@ def main() -> int:
     accuracies = [float(x) for x in args.judge_accuracy.split(",")]
     results, lines = {}, ["| judge accuracy | user | recipe | final score (mean ± std) | area under curve | seeds |",
                           "|---|---|---|---|---|---|"]
+    teacher = ["| policy | kind | satisfied with the hint | hint uptake | teacher AUC |", "|---|---|---|---|---|"]
     for accuracy in accuracies:
         for profile in profiles:
             dirs = []
@@ -91,11 +106,16 @@ def main() -> int:
                 lines.append(f"| {accuracy:g} | {profile} | {recipe} | {results[key]['final']['mean']:.3f} ± "
                              f"{results[key]['final']['std']:.3f} | {results[key]['area']['mean']:.3f} ± "
                              f"{results[key]['area']['std']:.3f} | {', '.join(f'{v:.3f}' for v in finals)} |")
+            runs = [load_run(d) for d in dirs]
+            teacher += teacher_rows(f"base, user {profile}", [r.teacher[min(r.teacher)] for r in runs if r.teacher])
+            for recipe in recipes:
+                finals = [r.teacher[max(r.teacher)] for r, d in zip(runs, dirs) if r.teacher and d.name.startswith(f"{recipe}-s")]
+                teacher += teacher_rows(f"{recipe} after, acc {accuracy:g}, user {profile}", finals)
             report = out / f"curves-acc{accuracy:g}-p{profile}"
             subprocess.run([sys.executable, "-m", "clawr1.cli", "report", *map(str, dirs), "--out", str(report)],
                            cwd=REPO, stdout=subprocess.DEVNULL, check=True)
-    (out / "summary.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines), file=sys.stderr)
+    (out / "summary.md").write_text("\n".join(lines) + "\n\n" + "\n".join(teacher) + "\n")
+    print("\n".join(lines + [""] + teacher), file=sys.stderr)
     print(json.dumps({"benchmark": "personalization", "steps": args.steps, "seeds": args.seeds, "results": results}))
     return 0
 

@@ -31,7 +31,7 @@ class RunCurves:
     series: dict[str, list[tuple[int, float]]]
     wall_s: float
     score_name: str = "score"  # the environment's headline metric
-    # teacher measurements per evaluated version: {version: {"uptake_tone": ..., "auc_tone": ...}}
+    # teacher measurements per evaluated version: {version: {"hinted_tone": ..., "uptake_tone": ..., "auc_tone": ...}}
     teacher: dict[int, dict[str, float]] = field(default_factory=dict)
 
     def last(self, key: str) -> Optional[float]:
@@ -71,7 +71,7 @@ def load_run(run_dir: Path) -> RunCurves:
         elif r.get("loop") == "rollout" and "eval_metric" in r:
             score_name = r["eval_metric"]
             series["score"].append((r["eval_version"], r[score_name]))
-            probe = {k: v for k, v in r.items() if k.startswith(("uptake_", "auc_")) and v is not None}
+            probe = {k: v for k, v in r.items() if k.startswith(("hinted_", "uptake_", "auc_")) and v is not None}
             if probe:
                 teacher[r["eval_version"]] = probe
     series["score"].sort()
