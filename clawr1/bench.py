@@ -153,14 +153,14 @@ def category_rates(scores: list[TaskScore]) -> dict[str, float]:
 
 def write_report(out: Path, title: str, summary: dict, scores: list[TaskScore]) -> list[Path]:
     out.parent.mkdir(parents=True, exist_ok=True)
-    md = out.with_suffix(".md")
+    md = out.with_name(out.name + ".md")  # appended: a prefix may hold a dot that is not a suffix
     rates = category_rates(scores)
     body = [f"# {title}", "", "```json", json.dumps(summary, indent=1), "```", "",
             "| category | pass rate |", "|---|---|", *(f"| {c} | {r:.3f} |" for c, r in rates.items()), "",
             task_table(scores)]
     written = [md]
     if len(rates) > 1:
-        png = out.with_suffix(".png")
+        png = out.with_name(out.name + ".png")
         _plot(rates, png, title)
         body.insert(2, f"![pass rate per category]({png.name})\n")
         written.append(png)

@@ -154,7 +154,8 @@ def plot(runs: list[RunCurves], out_png: Path) -> None:
 
 def report(run_dirs: list[Path], out_prefix: Path) -> tuple[Path, Path]:
     runs = [load_run(Path(d)) for d in run_dirs]
-    png, md = out_prefix.with_suffix(".png"), out_prefix.with_suffix(".md")
+    # appended, not with_suffix: a prefix such as curves-acc0.7 has a dot that is not a suffix
+    png, md = out_prefix.with_name(out_prefix.name + ".png"), out_prefix.with_name(out_prefix.name + ".md")
     png.parent.mkdir(parents=True, exist_ok=True)
     plot(runs, png)
     teacher = teacher_table(runs)

@@ -72,3 +72,9 @@ def test_teacher_table_shows_uptake_and_auc_at_the_first_and_last_evaluation(tmp
         "| combined | tone | +0.50 → +0.00 | 0.90 → 0.75 |",
         "| combined | units | -0.25 → +0.12 | - → 0.60 |"]
     assert teacher_table([load_run(fake_run(tmp_path, "plain", 1.0, 0.0, [0.0, 0.1, 0.2]))]) == ""
+
+
+def test_a_prefix_with_a_dot_keeps_it(tmp_path):
+    run = fake_run(tmp_path, "a", 1.0, 1.0, [0.0, 0.5, 0.9])
+    png, md = report([run], tmp_path / "curves-acc0.7-p0")
+    assert (png.name, md.name) == ("curves-acc0.7-p0.png", "curves-acc0.7-p0.md") and png.exists() and md.exists()
