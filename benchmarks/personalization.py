@@ -1,7 +1,7 @@
 """The personalization benchmark: recipes x seeds x users x judge accuracies, with the spread.
 
     python benchmarks/personalization.py --recipes binary_rl,opd,combined --seeds 3 --profiles 0,1 \\
-        --judge-accuracy 1.0,0.8,0.7 [--out runs/personalization] [--steps 150] [override ...]
+        --judge-accuracy 1.0,0.8,0.7 [--out runs/personalization] [--steps 150] [--only-finished] [override ...]
 
 Runs `clawr1 run recipes/<recipe>/cpu.yaml` once per configuration, one after another (a finished
 run, one with a summary.json, is kept and not run again, so the command can be resumed). A judge of
@@ -50,6 +50,12 @@ def scores(path: Path) -> tuple[float, float]:
     return curve[-1][1], statistics.fmean(v for _, v in curve)
 
 
+def collapsed(path: Path) -> bool:
+    """The score rose well above the base and then fell back to it."""
+    values = [v for _, v in load_run(path).series["score"]]
+    return max(values) >= values[0] + 0.25 and values[-1] <= values[0] + 0.05
+
+
 def teacher_rows(label: str, probes: list[dict[str, float]]) -> list[str]:
     """Markdown rows: per kind, the mean over runs of satisfied-with-the-hint, uptake and AUC (n/a where unmeasured)."""
     kinds = sorted({k.removeprefix("uptake_") for p in probes for k in p if k.startswith("uptake_")})
@@ -77,20 +83,25 @@ def main() -> int:
     p.add_argument("--judge-accuracy", default="1.0,0.8,0.7")
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--out", default="runs/personalization")
+    p.add_argument("--only-finished", action="store_true",
+                   help="run nothing: summarize the configurations whose runs have all finished")
     p.add_argument("overrides", nargs="*", help="for every run, e.g. algo.opd_center=sample")
     args = p.parse_args()
     out = Path(args.out)
     recipes = args.recipes.split(",")
     profiles = [int(x) for x in args.profiles.split(",")]
     accuracies = [float(x) for x in args.judge_accuracy.split(",")]
-    results, lines = {}, ["| judge accuracy | user | recipe | final score (mean ± std) | area under curve | seeds |",
-                          "|---|---|---|---|---|---|"]
+    results, lines = {}, ["| judge accuracy | user | recipe | final score (mean ± std) | area under curve | seeds | collapsed |",
+                          "|---|---|---|---|---|---|---|"]
     teacher = ["| policy | kind | satisfied with the hint | hint uptake | teacher AUC |", "|---|---|---|---|---|"]
     for accuracy in accuracies:
         for profile in profiles:
             dirs = []
             for recipe in recipes:
                 finals, areas = [], []
+                paths = [run_dir(out, recipe, accuracy, profile, seed) for seed in range(1, args.seeds + 1)]
+                if args.only_finished and not all((p / "summary.json").exists() for p in paths):
+                    continue
                 for seed in range(1, args.seeds + 1):
                     path = run_dir(out, recipe, accuracy, profile, seed)
                     path.parent.mkdir(parents=True, exist_ok=True)
@@ -102,10 +113,14 @@ def main() -> int:
                     print(f"[bench] acc {accuracy:g} user {profile} {recipe} seed {seed}: final {final:.3f} "
                           f"area {area:.3f} ({took / 60:.1f} min)", file=sys.stderr, flush=True)
                 key = f"{recipe}/acc{accuracy:g}/p{profile}"
-                results[key] = {"final": mean_std(finals), "area": mean_std(areas)}
+                falls = sum(collapsed(d) for d in dirs[-args.seeds:])
+                results[key] = {"final": mean_std(finals), "area": mean_std(areas), "collapsed": falls}
                 lines.append(f"| {accuracy:g} | {profile} | {recipe} | {results[key]['final']['mean']:.3f} ± "
                              f"{results[key]['final']['std']:.3f} | {results[key]['area']['mean']:.3f} ± "
-                             f"{results[key]['area']['std']:.3f} | {', '.join(f'{v:.3f}' for v in finals)} |")
+                             f"{results[key]['area']['std']:.3f} | {', '.join(f'{v:.3f}' for v in finals)} | "
+                             f"{falls}/{args.seeds} |")
+            if not dirs:
+                continue
             runs = [load_run(d) for d in dirs]
             teacher += teacher_rows(f"base, user {profile}", [r.teacher[min(r.teacher)] for r in runs if r.teacher])
             for recipe in recipes:
