@@ -64,12 +64,25 @@ def pid_alive(pid: int) -> bool:
 def pytest_collection_modifyitems(config, items):
     import torch
 
+    _build_tiny_model_before_any_test(config, items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+def _build_tiny_model_before_any_test(config, items) -> None:
+    """The first build of the tiny model takes minutes; done here it counts against no test's timeout."""
+    if not any("tiny_model" in getattr(item, "fixturenames", ()) for item in items):
+        return
+    from clawr1.model_path import resolve_model_path
+
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line("tiny model: building it if not cached yet (about 8 minutes on 2 cores the first time)")
+    resolve_model_path(ModelConfig())
 
 
 def engine_metric(url: str, name: str) -> float:
