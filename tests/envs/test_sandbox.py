@@ -94,10 +94,11 @@ def test_host_files_are_invisible(box: Sandbox, tmp_path: Path):
     secret_text = f"TOPSECRET-{uuid.uuid4().hex}"
     secret = tmp_path / "secret.txt"
     secret.write_text(secret_text)
-    result = box.run(f"cat {secret}; cat /root/.bashrc; ls -A /tmp {tmp_path} /root /home {REPO}")
+    home = Path.home()  # the host user's home: its dotfiles must not be readable inside
+    result = box.run(f"cat {secret}; cat {home / '.bashrc'}; ls -A /tmp {tmp_path} {home} /home {REPO}")
     assert secret_text not in result.output
     assert result.exit_code != 0
-    for path in (secret, tmp_path, tmp_path.parents[1], "/root", "/home", REPO):
+    for path in (secret, tmp_path, tmp_path.parents[1], home, "/home", REPO):
         assert box.run(f"test -e {path}").exit_code == 1, f"{path} is visible inside the sandbox"
     assert box.run("ls -A /tmp").output == ""  # a private /tmp, not the host's
 
