@@ -69,6 +69,16 @@ def _tail(path: Optional[Path], lines: int = 15) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
+def _refresh_master_port(wave: list[Loop]) -> None:
+    """A new free port for the trainers' rendezvous, picked just before they start: the one picked at plan
+    time can be taken by then, e.g. as the local end of a connection the first wave opened."""
+    if any("MASTER_PORT" in loop.env for loop in wave):
+        port = str(free_port())
+        for loop in wave:
+            if "MASTER_PORT" in loop.env:
+                loop.env["MASTER_PORT"] = port
+
+
 class Supervisor:
     """`driver`, if given, runs in a thread once every loop is up (e.g. `clawr1 ingest` sending a file); it returns
     a check that says when the run has done with what it sent, and the run then ends (exit 0)."""
@@ -146,6 +156,7 @@ class Supervisor:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             for wave in self.plan():
+                _refresh_master_port(wave)
                 for loop in wave:
                     self._start(loop)
                 self._wait_ready(wave)

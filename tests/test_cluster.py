@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import re
+import socket
 
 import pytest
 
 from clawr1.cluster import apply_partition, visible_devices
 from clawr1.config import ConfigError, load_config
-from clawr1.supervisor import Supervisor
+from clawr1.supervisor import Supervisor, _refresh_master_port
 from clawr1.config import assign_free_ports
 
 
@@ -59,3 +60,20 @@ def test_cpu_prm_engine_needs_the_generate_api():
     with pytest.raises(ConfigError, match="judge.llm_api=generate"):
         load_config("recipes/combined/cpu.yaml", ["judge.backend=llm"])
     apply_partition(load_config("recipes/combined/cpu.yaml", ["judge.backend=llm", "judge.llm_api=generate"]))
+
+
+def test_trainer_ranks_get_one_rendezvous_port_picked_when_they_start():
+    cfg = assign_free_ports(apply_partition(cluster_config()))
+    first, trainers = Supervisor(cfg).plan()
+    trainers = [loop for loop in trainers if loop.name.startswith("trainer")]
+    planned = trainers[0].env["MASTER_PORT"]
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", int(planned)))  # something took the planned port before the trainers started
+    try:
+        _refresh_master_port(first)
+        assert all("MASTER_PORT" not in loop.env for loop in first)
+        _refresh_master_port(trainers)
+        ports = {loop.env["MASTER_PORT"] for loop in trainers}
+        assert len(trainers) == 4 and len(ports) == 1 and ports != {planned}
+    finally:
+        taken.close()

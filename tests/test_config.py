@@ -88,7 +88,7 @@ def test_bad_override_and_missing_file_are_clear():
         load_config("no/such/file.yaml")
 
 
-def test_recipes_differ_only_in_weights_teacher_and_opd_lr():
+def test_recipes_differ_only_in_weights_teacher_and_lr():
     combined = load_config("recipes/combined/cpu.yaml")
     binary = load_config("recipes/binary_rl/cpu.yaml")
     opd = load_config("recipes/opd/cpu.yaml")
@@ -96,7 +96,7 @@ def test_recipes_differ_only_in_weights_teacher_and_opd_lr():
     assert (binary.algo.w_rl, binary.algo.w_opd, binary.judge.teacher) == (1.0, 0.0, "none")
     assert (opd.algo.w_rl, opd.algo.w_opd) == (0.0, 1.0)
     assert binary.rollout == combined.rollout == opd.rollout
-    assert binary.trainer == combined.trainer
-    assert opd.trainer.lr == combined.trainer.lr / 2  # self-distillation alone drifts at the shared lr
-    opd.trainer.lr = combined.trainer.lr
-    assert opd.trainer == combined.trainer
+    # a policy teacher runs away at 2e-4 (README, personalization); binary RL has none and keeps the faster rate
+    assert (combined.trainer.lr, opd.trainer.lr, binary.trainer.lr) == (1e-4, 1e-4, 2e-4)
+    binary.trainer.lr = combined.trainer.lr
+    assert binary.trainer == combined.trainer == opd.trainer
