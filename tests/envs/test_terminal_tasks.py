@@ -140,10 +140,10 @@ def test_the_runner_keeps_everything_but_verdicts_off_stdout(tmp_path: Path, env
 
 
 def test_no_task_ships_a_git_directory_or_absolute_machine_paths():
+    machine_paths = (f"{REPO.parent}/", f"{Path.home()}/")  # where this checkout and its user live
     for task in TASKS:
         files = [p for p in task.path.rglob("*") if p.is_file()]
         assert not [p for p in files if ".git" in p.relative_to(task.path).parts], task.id
-        machine_paths = (f"{REPO.parent}/", f"{Path.home()}/")  # where this checkout and its user live
         for p in files:
             text = p.read_text(errors="replace")
             assert not any(m in text for m in machine_paths), p
