@@ -58,7 +58,7 @@ class TinyModelConfig(Section):
     max_position_embeddings: PositiveInt = 1024
     rope_theta: PositiveFloat = 10000.0
     sft_steps: PositiveInt = 1800  # half as many gave a model that follows a directive only at the start of its
-    sft_batch_size: PositiveInt = 32  # answer and copies no number from its context (benchmarks/RESULTS.md)
+    sft_batch_size: PositiveInt = 32  # answer (README, "The teacher: what a hint changes")
     sft_lr: PositiveFloat = 6e-3
     sft_examples: PositiveInt = 10000
     seed: int = 1234

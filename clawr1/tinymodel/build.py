@@ -24,10 +24,14 @@ import torch
 from clawr1.chat import CHATML_JINJA, END_OF_TEXT, IM_END, IM_START, ChatRenderer, render_text
 from clawr1.config import TinyModelConfig
 
-BUILD_VERSION = 2  # bump when the build procedure changes, to invalidate caches
+BUILD_VERSION = 3  # bump when the build procedure changes, to invalidate caches (3: the tokenizer trains as it loads)
 CORPUS_DIR = Path(__file__).parent / "corpus"
 Conversation = tuple[list[dict], Optional[list[dict]]]  # (messages, tools)
 Conversations = Callable[[int, int], list[Conversation]]  # (how many, seed) -> conversations
+# Qwen2's pre-tokenizer: digits one by one. transformers 5 rebuilds this pipeline when it loads a qwen2 model's
+# tokenizer, whatever tokenizer.json says, so the tokenizer trains with it: the ids it learns are the ids served.
+QWEN2_PRETOKENIZE_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 SPECIAL_TOKENS = [END_OF_TEXT, IM_START, IM_END, "<tool_call>", "</tool_call>", "<tool_response>",
                   "</tool_response>", "<think>", "</think>"]
 
@@ -61,11 +65,14 @@ def _conversation_texts(convs: list[Conversation]) -> list[str]:
 
 
 def train_tokenizer(texts: list[str], vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, min_frequency=2,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
@@ -74,6 +81,26 @@ def train_tokenizer(texts: list[str], vocab_size: int):
                                    additional_special_tokens=SPECIAL_TOKENS[3:])
     fast.chat_template = CHATML_JINJA
     return fast
+
+
+def saved_tokenizer(trained, model: torch.nn.Module, out_dir: Path, probe_texts: list[str]):
+    """Save the tokenizer beside the model's config and load it back the way every loop does (AutoTokenizer).
+
+    The warm start trains on the loaded tokenizer's ids, so it teaches the ids the engine will serve;
+    a loader that tokenizes differently from the trained tokenizer is an error here, not a silent drift.
+    """
+    from transformers import AutoTokenizer
+
+    model.config.save_pretrained(out_dir)  # AutoTokenizer picks its class from the model's config
+    trained.save_pretrained(out_dir)
+    loaded = AutoTokenizer.from_pretrained(out_dir)
+    for text in probe_texts:
+        ids, loaded_ids = trained.encode(text, add_special_tokens=False), loaded.encode(text, add_special_tokens=False)
+        if ids != loaded_ids:
+            raise RuntimeError(f"the tiny tokenizer loads differently from how it was trained: {text[:80]!r} is "
+                               f"{trained.convert_ids_to_tokens(ids)[:20]} trained, "
+                               f"{loaded.convert_ids_to_tokens(loaded_ids)[:20]} loaded")
+    return loaded
 
 
 def build_model(cfg: TinyModelConfig, tokenizer) -> torch.nn.Module:
@@ -142,14 +169,14 @@ def build_tiny_model(cfg: TinyModelConfig, out_dir: Path, conversations: Convers
     convs = conversations(cfg.sft_examples, cfg.seed)
     texts = [p.read_text() for p in sorted(CORPUS_DIR.glob("*.txt"))] + _conversation_texts(convs)
     _log(f"training a {cfg.vocab_size}-token byte-level BPE tokenizer on {len(texts)} texts")
-    tokenizer = train_tokenizer(texts, cfg.vocab_size)
-    model = build_model(cfg, tokenizer)
+    trained = train_tokenizer(texts, cfg.vocab_size)
+    model = build_model(cfg, trained)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = saved_tokenizer(trained, model, out_dir, texts[-50:])
     n_params = sum(p.numel() for p in model.parameters())
     _log(f"Qwen2 model: {cfg.num_layers} layers, hidden {cfg.hidden_size}, {n_params / 1e6:.2f}M parameters")
     curve = warm_start(model, tokenizer, convs, cfg)
-    out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
-    tokenizer.save_pretrained(out_dir)
     (out_dir / "clawr1_build.json").write_text(json.dumps({"spec": cfg.model_dump(), "loss_curve": curve}, indent=1))
     return out_dir
 
