@@ -11,9 +11,11 @@ exactly one call, and the answer must repeat the tool's result:
     tool:      {"ok": true, "output": "68"}
     assistant: The answer is 68.
 
-The first design (`calculator(op, a, b)`, then one tool per operation) was not learnable at the
-tiny model's size: its warm start wrote malformed calls nearly always, mixing them up with the
-personal env's `calculator(expression)`. One shared tool shape is.
+The first design (`calculator(op, a, b)`, then one tool per operation) was not learned by the tiny
+model built then: its warm start wrote malformed calls nearly always, mixing them up with the
+personal env's `calculator(expression)` (that build also trained on other number tokens than it
+was served; see clawr1/tinymodel/build.py). One shared tool shape is learned: the default model
+makes the right call about 40% of the time at temperature 1 (README, "Environments").
 
 Text is short and regular on purpose. The held-out split holds question *pairs* never trained
 on: 3 + 4 and 4 + 3 always fall in the same split.
