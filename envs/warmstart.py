@@ -1,6 +1,6 @@
 """The tiny model's warm-start data (`model.tiny.warm_start`): the personal env's conversations, and a
 small share of the learnable tool-call tasks' solved episodes (train split only), so the base model makes
-the right call some of the time, not reliably: held-out pass@1 about 0.23 (recipes/toolcall), which RL on
+the right call some of the time, not reliably: held-out pass@1 about 0.30 (recipes/toolcall), which RL on
 envs/toolcall's learnable set raises."""
 from __future__ import annotations
 

@@ -81,7 +81,7 @@ def _build_tiny_model_before_any_test(config, items) -> None:
 
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
-        reporter.write_line("tiny model: building it if not cached yet (about 8 minutes on 2 cores the first time)")
+        reporter.write_line("tiny model: building it if not cached yet (about 12 minutes on 2 cores the first time)")
     resolve_model_path(ModelConfig())
 
 
