@@ -40,7 +40,8 @@ def make(policy, sid: str, tokens: list[int], prompt_len: int, **kw) -> Sample:
 def topk_teacher(policy, s: Sample, favour: bool) -> dict:
     """A teacher equal to the student on its top-2 ids except for the sampled token.
 
-    Favoured: the sampled token gets probability 0.5; disfavoured: 20 times less than the student gives it.
+    Favoured: the sampled token gets probability 0.5 (the other id at most 0.25); disfavoured: 20 times less
+    than the student gives it.
     """
     from clawr1.trainer.model import packed_logprobs_entropy
 
@@ -49,7 +50,9 @@ def topk_teacher(policy, s: Sample, favour: bool) -> dict:
     with torch.no_grad():
         _, _, student = packed_logprobs_entropy(policy, pack([s.tokens], [s.prompt_len]), extra_ids=ids)
     mine = torch.full_like(student[:, 0], float(torch.tensor(0.5).log())) if favour else student[:, 0] - 3.0
-    teacher = torch.stack([mine, student[:, 1]], dim=1)
+    # a distribution: where the student gives the other id more than 0.25, the favoured teacher gives it 0.25
+    other = student[:, 1].clamp(max=float(torch.tensor(0.25).log())) if favour else student[:, 1]
+    teacher = torch.stack([mine, other], dim=1)
     return {"teacher_topk_ids": ids.tolist(), "teacher_topk_logprobs": teacher.tolist()}
 
 
