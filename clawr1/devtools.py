@@ -16,8 +16,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def local_config(run_dir: Path, *overrides: str, recipe: str = "recipes/combined/cpu.yaml") -> Config:
-    """A recipe's config with its run directory set and free ports assigned, for loops started by hand."""
-    return assign_free_ports(load_config(REPO / recipe, [f"run.dir={run_dir}", *overrides]))
+    """A recipe's config with its run directory set and free ports assigned, for loops started by hand.
+
+    Nothing started by hand runs a teacher engine, so the judge asks the serving policy (judge.teacher=policy)
+    unless an override says otherwise; `clawr1 run` starts the recipe's own teacher."""
+    return assign_free_ports(load_config(REPO / recipe, [f"run.dir={run_dir}", "judge.teacher=policy", *overrides]))
 
 
 class LoopProcess:

@@ -126,7 +126,7 @@ class Supervisor:
             ports = [cfg.serve.port, *cfg.serve.extra_ports]
             loops = [Loop("serve" if i == 0 else f"serve-{i}", "serve", _gpu_env(cfg, "engine", i),
                           _http_ok(f"http://{host}:{p}/health"), args=(f"serve.port={p}",)) for i, p in enumerate(ports)]
-        if cfg.judge.runs_own_teacher:  # the base weights, never updated
+        if cfg.judge.runs_own_teacher:  # frozen: the base weights, never updated; lagged: refreshed by the trainer
             port = cfg.judge.teacher_port
             loops.append(Loop("teacher", "serve", _gpu_env(cfg, "teacher"), _http_ok(f"http://{host}:{port}/health"),
                               args=(f"serve.port={port}", *_engine_tp(cfg.cluster.teacher_gpus))))

@@ -96,7 +96,9 @@ def test_recipes_differ_only_in_weights_teacher_and_lr():
     assert (binary.algo.w_rl, binary.algo.w_opd, binary.judge.teacher) == (1.0, 0.0, "none")
     assert (opd.algo.w_rl, opd.algo.w_opd) == (0.0, 1.0)
     assert binary.rollout == combined.rollout == opd.rollout
-    # a policy teacher runs away at 2e-4 (README, personalization); binary RL has none and keeps the faster rate
-    assert (combined.trainer.lr, opd.trainer.lr, binary.trainer.lr) == (1e-4, 1e-4, 2e-4)
-    binary.trainer.lr = combined.trainer.lr
+    # README, personalization: combined distils from the frozen base (a self-teacher drifts) at binary RL's rate;
+    # OPD alone keeps the policy as its teacher, which runs away at 2e-4
+    assert (combined.judge.teacher, opd.judge.teacher) == ("frozen", "policy")
+    assert (combined.trainer.lr, opd.trainer.lr, binary.trainer.lr) == (2e-4, 1e-4, 2e-4)
+    opd.trainer.lr = combined.trainer.lr
     assert binary.trainer == combined.trainer == opd.trainer

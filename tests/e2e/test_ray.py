@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 
 ON_TWO_NODES = ("cluster.backend=ray", "cluster.ray.actor_gpus=1", "cluster.ray.rollout_gpus=1",
                 "cluster.ray.cpus_per_loop=0.5", "cluster.ray.resources={trainer: {node1: 1}, engine: {node2: 1}}",
-                "rollout.eval_every=0")
+                "rollout.eval_every=0", "judge.teacher=policy")  # the placed loops, without a teacher engine
 LOOPS = {"pool", "serve", "judge", "gateway", "trainer", "rollout"}
 
 

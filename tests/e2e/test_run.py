@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from clawr1.protocol import Sample
+from clawr1.record_log import read_records
 from tests.conftest import REPO, pid_alive
 
 pytestmark = pytest.mark.slow
@@ -73,8 +75,11 @@ def test_combined_recipe_end_to_end(tiny_model, tmp_path):
     for r in records:  # tokens were sampled by weights the trainer had already published
         assert r["max_token_version"] <= r["trained_at_version"] == r["step"] - 1
         assert r["samples"] == 16 and r["tokens_per_s"] > 0
+    # the recipe's frozen teacher runs in an engine of its own, and scores every hinted turn
     assert sorted(p.name for p in (run_dir / "logs").iterdir()) == \
-        ["gateway.log", "judge.log", "pool.log", "rollout.log", "serve.log", "trainer.log"]
+        ["gateway.log", "judge.log", "pool.log", "rollout.log", "serve.log", "teacher.log", "trainer.log"]
+    hinted = [s for s in read_records(run_dir / "pool" / "samples.log", Sample) if s.hint]
+    assert hinted and all(len(s.teacher_logprobs) == s.response_len for s in hinted)
     evals = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "personalization_score" in line]
     assert [r["eval_version"] for r in evals] == [0, 3]  # before training, then at the final version
     assert all(0.0 <= r["personalization_score"] <= r["pref_format"] <= 1.0 for r in evals)
@@ -101,7 +106,7 @@ def test_ctrl_c_stops_every_loop(tiny_model, tmp_path):
     proc = start_run(run_dir, "run.max_steps=1000")
     wait_for(lambda: (run_dir / "state" / "rollout.ready").exists(), proc, timeout=240)
     children = descendants(proc.pid)
-    assert len(children) >= 6
+    assert len(children) >= 7  # six loops and the teacher engine
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=90)
     assert proc.returncode == 130, out
