@@ -97,8 +97,8 @@ def test_recipes_differ_only_in_weights_teacher_and_lr():
     assert (opd.algo.w_rl, opd.algo.w_opd) == (0.0, 1.0)
     assert binary.rollout == combined.rollout == opd.rollout
     # README, personalization: combined distils from the frozen base (a self-teacher drifts) at binary RL's rate;
-    # OPD alone keeps the policy as its teacher, which runs away at 2e-4
-    assert (combined.judge.teacher, opd.judge.teacher) == ("frozen", "policy")
+    # OPD alone from the policy of 10 versions ago, at the rate its self-teacher needed
+    assert (combined.judge.teacher, opd.judge.teacher, opd.judge.teacher_lag) == ("frozen", "lagged", 10)
     assert (combined.trainer.lr, opd.trainer.lr, binary.trainer.lr) == (2e-4, 1e-4, 2e-4)
     opd.trainer.lr = combined.trainer.lr
     assert binary.trainer == combined.trainer == opd.trainer
