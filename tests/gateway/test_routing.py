@@ -41,7 +41,8 @@ def test_clawr1_run_with_two_engines_updates_both(tiny_model, tmp_path):
 
     run_dir = tmp_path / "run"
     out = subprocess.run([sys.executable, "-m", "clawr1.cli", "run", "recipes/combined/cpu.yaml", f"run.dir={run_dir}",
-                          "run.max_steps=2", "serve.num_engines=2", "judge.teacher=policy"], cwd=REPO, capture_output=True, text=True, timeout=600)
+                          "run.max_steps=2", "serve.num_engines=2", "judge.teacher=policy"],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:]
     final = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
              if '"final_engine_versions"' in line][-1]
