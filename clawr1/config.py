@@ -64,6 +64,7 @@ class TinyModelConfig(Section):
     sft_lr: PositiveFloat = 6e-3
     sft_examples: PositiveInt = 10000
     seed: int = 1234
+    build_threads: PositiveInt = 2  # the build's thread count, whatever the machine has: it changes the weights
     # where the warm-start conversations come from: an import path to a function (n, seed) -> [(messages, tools)]
     warm_start: str = "envs.warmstart:conversations"
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from clawr1.config import ModelConfig
-from clawr1.runtime import load_object
 
 
 def resolve_model_path(model_cfg: ModelConfig) -> Path:
@@ -16,5 +15,4 @@ def resolve_model_path(model_cfg: ModelConfig) -> Path:
         return path
     from clawr1.tinymodel.build import ensure_tiny_model
 
-    conversations = load_object(model_cfg.tiny.warm_start, "model.tiny.warm_start")
-    return ensure_tiny_model(model_cfg.tiny, Path(model_cfg.cache_dir).expanduser(), conversations)
+    return ensure_tiny_model(model_cfg.tiny, Path(model_cfg.cache_dir).expanduser())

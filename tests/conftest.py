@@ -61,9 +61,21 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+# The slowest modules first: pytest.ini runs two xdist workers, and a long module started last would leave the
+# other worker idle at the end (the live test alone takes about 3 minutes)
+SLOW_FIRST = ("tests/e2e/test_live.py", "tests/e2e/test_ray.py", "tests/trainer/test_resume.py", "tests/e2e/test_run.py",
+              "tests/gateway/test_ingest.py", "tests/gateway/test_routing.py", "tests/trainer/test_parallel.py")
+
+
+def _slow_first(item) -> int:
+    module = item.nodeid.split("::")[0]
+    return SLOW_FIRST.index(module) if module in SLOW_FIRST else len(SLOW_FIRST)
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 
+    items.sort(key=_slow_first)  # stable: the order within a module and among the rest is kept
     _build_tiny_model_before_any_test(config, items)
     if torch.cuda.is_available():
         return
@@ -73,15 +85,27 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_sessionstart(session):
+    """Under xdist the workers collect, out of sight: the controller builds the tiny model first, with its progress
+    on the terminal (a cached model is found at once)."""
+    config = session.config
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        with config.pluginmanager.get_plugin("capturemanager").global_and_fixture_disabled():
+            _build_tiny_model(config)
+
+
 def _build_tiny_model_before_any_test(config, items) -> None:
     """The first build of the tiny model takes minutes; done here it counts against no test's timeout."""
-    if not any("tiny_model" in getattr(item, "fixturenames", ()) for item in items):
-        return
+    if any("tiny_model" in getattr(item, "fixturenames", ()) for item in items):
+        _build_tiny_model(config)
+
+
+def _build_tiny_model(config) -> None:
     from clawr1.model_path import resolve_model_path
 
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
-        reporter.write_line("tiny model: building it if not cached yet (about 12 minutes on 2 cores the first time)")
+        reporter.write_line("tiny model: building it if not cached yet (12–15 minutes on 2 cores the first time)")
     resolve_model_path(ModelConfig())
 
 

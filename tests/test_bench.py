@@ -51,7 +51,7 @@ def test_oracle_passes_and_null_fails_every_bundled_task(env, tmp_path):
     report = (tmp_path / "report.md").read_text()
     assert "| task | category | passed |" in report and f"0/1" in report
     if env == "envs/terminal":  # commands run in the sandbox, and its cost per command is reported
-        assert 0 < oracle["sandbox_overhead_ms_per_command"] < 500
+        assert 0 < oracle["sandbox_overhead_ms_per_command"] < 5000
 
 
 def test_bfcl_simple_ground_truth_grades_as_correct(tmp_path):

@@ -10,10 +10,11 @@ from clawr1.cluster import apply_partition, visible_devices
 from clawr1.config import ConfigError, load_config
 from clawr1.supervisor import Supervisor, _refresh_master_port
 from clawr1.config import assign_free_ports
+from tests.conftest import REPO
 
 
 def cluster_config(*overrides: str):
-    return load_config("recipes/combined/cluster.yaml", ["model.path=/models/qwen3-4b", "run.dir=runs/x",
+    return load_config(REPO / "recipes/combined/cluster.yaml", ["model.path=/models/qwen3-4b", "run.dir=runs/x",
                                                          "cluster.actor_gpus=[0,1,2,3]", "cluster.rollout_gpus=[4,5]",
                                                          "cluster.prm_gpus=[6,7]", *overrides])
 
@@ -37,7 +38,7 @@ def test_every_process_sees_only_its_own_gpus():
 
 
 def test_no_partition_pins_nothing():
-    cfg = load_config("recipes/combined/cpu.yaml")
+    cfg = load_config(REPO / "recipes/combined/cpu.yaml")
     assert visible_devices(cfg, "trainer") is None and visible_devices(cfg, "none") is None
     assert apply_partition(cfg).trainer.data_parallel == 1
 
@@ -58,8 +59,8 @@ def test_a_partition_that_does_not_fit_is_refused_by_name(overrides, message):
 
 def test_cpu_prm_engine_needs_the_generate_api():
     with pytest.raises(ConfigError, match="judge.llm_api=generate"):
-        load_config("recipes/combined/cpu.yaml", ["judge.backend=llm"])
-    apply_partition(load_config("recipes/combined/cpu.yaml", ["judge.backend=llm", "judge.llm_api=generate"]))
+        load_config(REPO / "recipes/combined/cpu.yaml", ["judge.backend=llm"])
+    apply_partition(load_config(REPO / "recipes/combined/cpu.yaml", ["judge.backend=llm", "judge.llm_api=generate"]))
 
 
 def test_trainer_ranks_get_one_rendezvous_port_picked_when_they_start():

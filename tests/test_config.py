@@ -89,9 +89,9 @@ def test_bad_override_and_missing_file_are_clear():
 
 
 def test_recipes_differ_only_in_weights_teacher_and_lr():
-    combined = load_config("recipes/combined/cpu.yaml")
-    binary = load_config("recipes/binary_rl/cpu.yaml")
-    opd = load_config("recipes/opd/cpu.yaml")
+    combined = load_config(REPO / "recipes/combined/cpu.yaml")
+    binary = load_config(REPO / "recipes/binary_rl/cpu.yaml")
+    opd = load_config(REPO / "recipes/opd/cpu.yaml")
     assert (combined.algo.w_rl, combined.algo.w_opd) == (1.0, 1.0)
     assert (binary.algo.w_rl, binary.algo.w_opd, binary.judge.teacher) == (1.0, 0.0, "none")
     assert (opd.algo.w_rl, opd.algo.w_opd) == (0.0, 1.0)

@@ -15,7 +15,7 @@ from tests.conftest import REPO
 
 
 def ray_config(*overrides: str):
-    return apply_partition(load_config("recipes/combined/cluster.yaml", [
+    return apply_partition(load_config(REPO / "recipes/combined/cluster.yaml", [
         "model.path=/models/qwen3-4b", "run.dir=runs/x", "cluster.backend=ray", "cluster.ray.actor_gpus=4",
         "cluster.ray.rollout_gpus=2", "cluster.ray.prm_gpus=2", *overrides]))
 
@@ -96,7 +96,7 @@ def test_custom_resources_pin_a_role_to_its_nodes():
 ])
 def test_cluster_keys_are_validated_by_name(overrides, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
-        load_config("recipes/combined/cpu.yaml", overrides)
+        load_config(REPO / "recipes/combined/cpu.yaml", overrides)
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -112,10 +112,10 @@ def test_gpu_counts_that_contradict_the_recipe_are_refused(overrides, message):
 
 
 def test_the_ray_backend_pushes_weights_over_http_unless_told_otherwise():
-    on_ray = load_config("recipes/combined/cpu.yaml", ["cluster.backend=ray"])
+    on_ray = load_config(REPO / "recipes/combined/cpu.yaml", ["cluster.backend=ray"])
     assert on_ray.trainer.weight_sync == "http"
-    assert load_config("recipes/combined/cpu.yaml", ["cluster.backend=ray", "trainer.weight_sync=disk"]).trainer.weight_sync == "disk"
-    assert load_config("recipes/combined/cpu.yaml").trainer.weight_sync == "disk"
+    assert load_config(REPO / "recipes/combined/cpu.yaml", ["cluster.backend=ray", "trainer.weight_sync=disk"]).trainer.weight_sync == "disk"
+    assert load_config(REPO / "recipes/combined/cpu.yaml").trainer.weight_sync == "disk"
     assert ray_config().trainer.weight_sync == "disk"  # the cluster recipes say disk (SGLang engines)
 
 

@@ -3,10 +3,12 @@
 No downloads. The byte-level BPE tokenizer is trained on text shipped in the
 repo plus warm-start conversations; the model is a small Qwen2-architecture
 network in HF format, warm-started with a short supervised pass on those
-conversations. The conversations are passed in (`Conversations`: a function
-(n, seed) -> [(messages, tools)], named in the config by import path), so this
-module knows no environment. Results are cached by a hash of everything that
-goes into them, so a second call returns at once.
+conversations. The conversations come from a function (n, seed) -> [(messages,
+tools)] named in the config by import path, so this module knows no environment.
+Results are cached by a hash of everything that goes into them, so a second call
+returns at once. The build runs in a child process whose numerics are pinned
+(`pinned_build_env`): the same spec gives the same weights, bit for bit, on any
+x86-64 machine with the pinned torch, and `clawr1_build.json` records their sha256.
 """
 from __future__ import annotations
 
@@ -14,7 +16,11 @@ import fcntl
 import hashlib
 import json
 import math
+import os
+import platform
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -23,8 +29,17 @@ import torch
 
 from clawr1.chat import CHATML_JINJA, END_OF_TEXT, IM_END, IM_START, ChatRenderer, render_text
 from clawr1.config import TinyModelConfig
+from clawr1.runtime import die_with_parent, load_object
 
-BUILD_VERSION = 3  # bump when the build procedure changes, to invalidate caches (3: the tokenizer trains as it loads)
+# bump when the build procedure changes, to invalidate caches (3: the tokenizer trains as it loads; 4: built in a
+# pinned process, its weights' sha256 recorded)
+BUILD_VERSION = 4
+# spec hash -> the weights' sha256 that build gives on x86-64 with AVX2 and torch REFERENCE_TORCH (the default
+# spec: README, "Two commands"); a build of one of these specs that gives other weights says so loudly
+REFERENCE_TORCH = "2.13.0"
+REFERENCE_SHA256: dict[str, str] = {
+    "27b08558224e": "bb26b05b08c2edeaca9d73dbda35177975845d6a803370d41d6e80e5dc6bcaee",
+}
 CORPUS_DIR = Path(__file__).parent / "corpus"
 Conversation = tuple[list[dict], Optional[list[dict]]]  # (messages, tools)
 Conversations = Callable[[int, int], list[Conversation]]  # (how many, seed) -> conversations
@@ -165,6 +180,7 @@ def warm_start(model: torch.nn.Module, tokenizer, convs: list[Conversation],
 
 
 def build_tiny_model(cfg: TinyModelConfig, out_dir: Path, conversations: Conversations) -> Path:
+    """Tokenizer, model and warm start, in this process as it is set up (`ensure_tiny_model` pins it first)."""
     torch.manual_seed(cfg.seed)
     convs = conversations(cfg.sft_examples, cfg.seed)
     texts = [p.read_text() for p in sorted(CORPUS_DIR.glob("*.txt"))] + _conversation_texts(convs)
@@ -177,14 +193,68 @@ def build_tiny_model(cfg: TinyModelConfig, out_dir: Path, conversations: Convers
     _log(f"Qwen2 model: {cfg.num_layers} layers, hidden {cfg.hidden_size}, {n_params / 1e6:.2f}M parameters")
     curve = warm_start(model, tokenizer, convs, cfg)
     model.save_pretrained(out_dir, safe_serialization=True)
-    (out_dir / "clawr1_build.json").write_text(json.dumps({"spec": cfg.model_dump(), "loss_curve": curve}, indent=1))
+    build = {"sha256": weights_sha256(out_dir), "torch": torch.__version__, "machine": platform.machine(),
+             "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads()}
+    (out_dir / "clawr1_build.json").write_text(json.dumps({"spec": cfg.model_dump(), "loss_curve": curve,
+                                                           **build}, indent=1))
     return out_dir
 
 
-def ensure_tiny_model(cfg: TinyModelConfig, cache: Path, conversations: Conversations) -> Path:
+def weights_sha256(model_dir: Path) -> str:
+    return hashlib.sha256((model_dir / "model.safetensors").read_bytes()).hexdigest()
+
+
+def cpu_has_avx2() -> bool:
+    try:
+        return " avx2 " in f" {Path('/proc/cpuinfo').read_text()} ".replace("\n", " ")
+    except OSError:
+        return False
+
+
+def pinned_build_env(threads: int) -> dict[str, str]:
+    """The environment of a build process: the same kernels, so the same rounding, on any x86-64 machine.
+
+    torch picks its vectorized kernels by what the CPU offers (AVX-512 where present) and MKL and oneDNN pick
+    theirs by CPU model; a different kernel sums in a different order. Pinned to AVX2, every x86-64 machine
+    with AVX2 runs the same code. The thread count splits sums too (a small spec gave one checksum with 1, 2
+    and 4 threads, others with 3 and 8), so it is part of the spec, not the machine's core count.
+    """
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the warm-start import path resolves as here
+    env.update({name: str(threads) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS")})
+    for name in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA"):
+        env.pop(name, None)
+    if platform.machine() in ("x86_64", "AMD64") and cpu_has_avx2():
+        env.update(ATEN_CPU_CAPABILITY="avx2", MKL_CBWR="AVX2", ONEDNN_MAX_CPU_ISA="AVX2")
+    return env
+
+
+def build_in_pinned_process(cfg: TinyModelConfig, out_dir: Path) -> dict:
+    """Build in a child process started with `pinned_build_env` (its settings only take effect at start-up)."""
+    cmd = [sys.executable, "-m", "clawr1.tinymodel.build", str(out_dir), cfg.model_dump_json()]
+    done = subprocess.run(cmd, env=pinned_build_env(cfg.build_threads), preexec_fn=die_with_parent)
+    if done.returncode != 0:
+        raise RuntimeError(f"the tiny model's build process exited with code {done.returncode} (its output is above)")
+    return json.loads((out_dir / "clawr1_build.json").read_text())
+
+
+def _check_reference(spec: str, built: dict) -> None:
+    reference = REFERENCE_SHA256.get(spec)
+    if reference is None:
+        _log(f"weights sha256 {built['sha256']} (no reference build for this spec)")
+    elif built["sha256"] == reference:
+        _log(f"weights sha256 {built['sha256']}: the reference build, bit for bit")
+    else:
+        _log(f"WARNING: weights sha256 {built['sha256']} differ from the reference build's {reference} (made on "
+             f"x86-64 with AVX2 kernels and torch {REFERENCE_TORCH}; this one: {built['machine']}, "
+             f"{built['cpu_capability']}, torch {built['torch']}): README results are the reference build's")
+
+
+def ensure_tiny_model(cfg: TinyModelConfig, cache: Path) -> Path:
     """Path of the cached tiny model, building it first if needed (safe across processes)."""
     cache.mkdir(parents=True, exist_ok=True)
-    final = cache / f"tiny-qwen2-{spec_hash(cfg, conversations)}"
+    spec = spec_hash(cfg, load_object(cfg.warm_start, "model.tiny.warm_start"))
+    final = cache / f"tiny-qwen2-{spec}"
     with open(cache / f"{final.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a second builder waits, then finds the cache
         if (final / "config.json").exists():
@@ -192,7 +262,22 @@ def ensure_tiny_model(cfg: TinyModelConfig, cache: Path, conversations: Conversa
         tmp = cache / f"{final.name}.partial"
         shutil.rmtree(tmp, ignore_errors=True)
         t0 = time.time()
-        build_tiny_model(cfg, tmp, conversations)
+        built = build_in_pinned_process(cfg, tmp)
+        _check_reference(spec, built)
         tmp.rename(final)
         _log(f"built {final} in {time.time() - t0:.0f}s")
     return final
+
+
+def main(argv: list[str]) -> int:
+    """The build process: `python -m clawr1.tinymodel.build OUT_DIR SPEC_JSON`, started by `ensure_tiny_model`."""
+    out_dir, spec_json = Path(argv[0]), argv[1]
+    cfg = TinyModelConfig.model_validate_json(spec_json)
+    torch.set_num_threads(cfg.build_threads)
+    torch.use_deterministic_algorithms(True)
+    build_tiny_model(cfg, out_dir, load_object(cfg.warm_start, "model.tiny.warm_start"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

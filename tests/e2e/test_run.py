@@ -61,7 +61,7 @@ def trainer_records(run_dir: Path) -> list[dict]:
 
 def test_combined_recipe_end_to_end(tiny_model, tmp_path):
     run_dir = tmp_path / "run"
-    proc = start_run(run_dir, "run.max_steps=3")
+    proc = start_run(run_dir, "run.max_steps=3", "rollout.eval_size=16")
     seen: set[int] = set()
     while proc.poll() is None:  # remember every process the run starts, to check they are all gone later
         seen |= descendants(proc.pid)
@@ -90,7 +90,7 @@ def test_combined_recipe_end_to_end(tiny_model, tmp_path):
 
 def test_a_killed_loop_stops_the_run_and_is_named(tiny_model, tmp_path):
     run_dir = tmp_path / "run"
-    proc = start_run(run_dir, "run.max_steps=1000")
+    proc = start_run(run_dir, "run.max_steps=1000", "rollout.eval_every=0", "judge.teacher=policy")
     wait_for(lambda: len(trainer_records(run_dir)) >= 1, proc, timeout=240)
     children = descendants(proc.pid)
     judge_pid = int((run_dir / "state" / "judge.ready").read_text())
@@ -103,7 +103,7 @@ def test_a_killed_loop_stops_the_run_and_is_named(tiny_model, tmp_path):
 
 def test_ctrl_c_stops_every_loop(tiny_model, tmp_path):
     run_dir = tmp_path / "run"
-    proc = start_run(run_dir, "run.max_steps=1000")
+    proc = start_run(run_dir, "run.max_steps=1000", "rollout.eval_every=0")
     wait_for(lambda: (run_dir / "state" / "rollout.ready").exists(), proc, timeout=240)
     children = descendants(proc.pid)
     assert len(children) >= 7  # six loops and the teacher engine
@@ -117,7 +117,7 @@ def test_data_parallel_with_minibatches_and_epochs_end_to_end(tiny_model, tmp_pa
     """Issue 11: two trainer ranks, two minibatches, two PPO epochs (old log-probs per rank's shards)."""
     run_dir = tmp_path / "run"
     proc = start_run(run_dir, "run.max_steps=2", "trainer.data_parallel=2", "algo.minibatches=2", "algo.ppo_epochs=2",
-                     "rollout.eval_every=0")
+                     "rollout.eval_every=0", "judge.teacher=policy")  # the subject is the trainer's ranks
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-3000:]
     assert [r["step"] for r in trainer_records(run_dir)] == [1, 2]

@@ -189,8 +189,8 @@ def test_tool_results_carry_structured_status(small: tuple[TerminalEnv, Terminal
             {"ok": False, "exit_code": 3, "output": "out\nerr\n"}
 
         started = time.monotonic()
-        slow = outcome_fields(world, "bash", '{"command": "echo begun; sleep 5"}')
-        assert time.monotonic() - started < 3
+        slow = outcome_fields(world, "bash", '{"command": "echo begun; sleep 60"}')
+        assert time.monotonic() - started < 30  # the 1 s timeout, not the 60 s sleep
         assert slow == {"ok": False, "timed_out": True, "error": "the command timed out after 1 s and was killed",
                         "output": "begun\n"}
 
@@ -295,9 +295,9 @@ def test_the_tasks_time_limit_ends_the_episode(tmp_path: Path):
     task = make_task(tmp_path / "slow", tests=GREETING_TESTS, solution="true\n",
                      yaml_extra="max_agent_timeout_sec: 1\n")
     env = TerminalEnv({"tasks": str(task.path)})
-    result = play(env, script(bash("sleep 5"), bash("echo never"), bash("echo never")), [task])[0]
+    result = play(env, script(bash("sleep 60"), bash("echo never"), bash("echo never")), [task])[0]
     assert (result.turns, result.tool_calls, result.timeouts, result.tool_errors, result.passed) == (2, 2, 1, 2, False)
-    assert result.tool_s < 2.5
+    assert result.tool_s < 30  # the task's 1 s, not the 60 s sleep
 
 
 # ---------------------------------------------------------------- cleanup
@@ -408,4 +408,4 @@ def test_task_sets_and_configuration(env: TerminalEnv, tmp_path: Path):
 
 def test_sandbox_overhead_is_measured_once(env: TerminalEnv):
     first = env.sandbox_overhead_s()
-    assert 0 < first < 0.5 and env.sandbox_overhead_s() == first
+    assert 0 < first < 5 and env.sandbox_overhead_s() == first

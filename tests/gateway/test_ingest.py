@@ -24,9 +24,9 @@ from envs.personal.preferences import random_style, render_answer
 from envs.personal.questions import Question
 from tests.conftest import REPO, make_config
 
-CONVERSATIONS = 1000
-MALFORMED = {3: "{not json", 17: '{"messages": []}', 250: '{"messages": "hi"}', 999: "[1, 2, 3]",
-             1005: '{"messages": [{"role": "robot", "content": "x"}]}'}  # the file's last line
+CONVERSATIONS = 300  # every kind of line and turn below occurs (4 over the context limit), in a third of a minute
+MALFORMED = {3: "{not json", 17: '{"messages": []}', 150: '{"messages": "hi"}', 299: "[1, 2, 3]",
+             305: '{"messages": [{"role": "robot", "content": "x"}]}'}  # the file's last line
 
 
 class LoggingAgent:
@@ -127,7 +127,7 @@ def test_ingest_counts_exactly_adds_nothing_twice_and_reaches_the_pool(run, tmp_
     assert len(ids) == len(set(ids)) == expect["ingested"]  # every turn with a next state earns a signal here
     assert all(s.reward is not None for s in samples if s.teacher_logprobs is None)
     with_hints = [s for s in samples if s.hint and s.teacher_logprobs is not None]
-    assert len(with_hints) > 100 and {s.reward for s in samples} >= {1.0, -1.0}
+    assert len(with_hints) > len(samples) // 10 and {s.reward for s in samples} >= {1.0, -1.0}
     assert any(s.hint == "Please answer in one line." for s in with_hints)  # explicit feedback became a hint
     assert all(len(s.rollout_logprobs) == s.response_len and s.temperature == 1.0 for s in samples)
     status = httpx.get(f"{run.gateway_url}/v1/status").json()

@@ -54,7 +54,7 @@ def test_at_temperature_0_7_rollout_trainer_and_teacher_log_probs_agree(engine, 
     at_07 = packed_logprobs(policy, packed, torch.full((len(response),), 0.7)).tolist()
     at_1 = packed_logprobs(policy, packed, 1.0).tolist()
     assert max(abs(a - b) for a, b in zip(at_07, rollout)) < 1e-4
-    assert sum(abs(a - b) for a, b in zip(at_1, rollout)) / len(rollout) > 1e-2  # the temperature matters
+    assert max(abs(a - b) for a, b in zip(at_1, rollout)) > 1e-3  # the temperature matters: 10x the match bound
 
     async def teacher_scores():
         client = EngineClient(engine)

@@ -1,4 +1,10 @@
-"""One step of each objective moves log-probs the right way on the tiny model."""
+"""One step of each objective moves log-probs the right way.
+
+On a small model whose weights the test sets itself (a seeded random init, not the built tiny model), so the
+check does not depend on how large one sample's change happens to be on one build: the step's first-order
+effect on the response's log-prob, -lr * <grad of the loss, grad of the log-prob>, must have the objective's
+sign, and so must the change one SGD step actually makes.
+"""
 from __future__ import annotations
 
 import copy
@@ -13,14 +19,23 @@ from clawr1.trainer.model import pack, packed_logprobs
 from clawr1.trainer.step import train_step
 
 
-class SGD:
+LR = 0.01
+VOCAB = 250  # tests/trainer/families.py's random models
+
+
+class RecordingSGD:
+    """Plain SGD that keeps the gradient it stepped with."""
+
     def __init__(self, model, lr):
-        self.opt = torch.optim.SGD(model.parameters(), lr=lr)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.opt = torch.optim.SGD(self.params, lr=lr)
+        self.grads: list[torch.Tensor] = []
 
     def zero_grad(self):
         self.opt.zero_grad(set_to_none=True)
 
     def step(self):
+        self.grads = [torch.zeros_like(p) if p.grad is None else p.grad.detach().clone() for p in self.params]
         self.opt.step()
         return {"grad_norm": 0.0, "lr": 0.0}
 
@@ -28,6 +43,13 @@ class SGD:
 def response_logprob(policy, s: Sample) -> float:
     with torch.no_grad():
         return float(packed_logprobs(policy, pack([s.tokens], [s.prompt_len])).sum())
+
+
+def first_order_change(policy, s: Sample, opt: RecordingSGD) -> float:
+    """-lr * <loss gradient, gradient of the response's log-prob>: what the step does to it to first order."""
+    logprob = packed_logprobs(policy, pack([s.tokens], [s.prompt_len])).sum()
+    grads = torch.autograd.grad(logprob, opt.params, allow_unused=True)
+    return -LR * sum(float((g * h).sum()) for g, h in zip(opt.grads, grads) if h is not None)
 
 
 def make(policy, sid: str, tokens: list[int], prompt_len: int, **kw) -> Sample:
@@ -46,7 +68,7 @@ def topk_teacher(policy, s: Sample, favour: bool) -> dict:
     from clawr1.trainer.model import packed_logprobs_entropy
 
     resp = s.tokens[s.prompt_len:]
-    ids = torch.tensor([[tok, (tok + 1) % 1000] for tok in resp])
+    ids = torch.tensor([[tok, (tok + 1) % VOCAB] for tok in resp])
     with torch.no_grad():
         _, _, student = packed_logprobs_entropy(policy, pack([s.tokens], [s.prompt_len]), extra_ids=ids)
     mine = torch.full_like(student[:, 0], float(torch.tensor(0.5).log())) if favour else student[:, 0] - 3.0
@@ -56,14 +78,21 @@ def topk_teacher(policy, s: Sample, favour: bool) -> dict:
     return {"teacher_topk_ids": ids.tolist(), "teacher_topk_logprobs": teacher.tolist()}
 
 
+@pytest.fixture(scope="module")
+def random_model(tmp_path_factory):
+    from tests.trainer.families import save_random_model
+
+    return save_random_model("qwen2-tied", tmp_path_factory.mktemp("random-qwen2"), seed=0)
+
+
 @pytest.mark.parametrize("objective", ["binary_rl", "opd", "combined", "topk"])
-def test_one_step_moves_positive_up_and_negative_down(tiny_model, megatron_tp1, objective):
+def test_one_step_moves_positive_up_and_negative_down(random_model, megatron_tp1, objective):
     from clawr1.trainer.model import build_policy
 
-    policy = build_policy(tiny_model)
+    policy = build_policy(random_model)
     g = torch.Generator().manual_seed(0)
-    good = make(policy, "good", torch.randint(0, 1000, (30,), generator=g).tolist(), 20)
-    bad = make(policy, "bad", torch.randint(0, 1000, (30,), generator=g).tolist(), 20)
+    good = make(policy, "good", torch.randint(0, VOCAB, (30,), generator=g).tolist(), 20)
+    bad = make(policy, "bad", torch.randint(0, VOCAB, (30,), generator=g).tolist(), 20)
     algo = AlgoConfig(w_rl=0.0, w_opd=0.0, baseline="none", tis_cap=0.0)
     if objective in ("binary_rl", "combined"):
         algo.w_rl = 1.0
@@ -80,8 +109,12 @@ def test_one_step_moves_positive_up_and_negative_down(tiny_model, megatron_tp1, 
     for sample, direction in ((good, +1), (bad, -1)):  # each from the same weights, one SGD step
         policy.model.load_state_dict(start)
         before = response_logprob(policy, sample)
-        stats = train_step(policy, SGD(policy.model, lr=0.01), [sample], algo, max_tokens_per_microbatch=4096)
+        opt = RecordingSGD(policy.model, lr=LR)
+        stats = train_step(policy, opt, [sample], algo, max_tokens_per_microbatch=4096)
         after = response_logprob(policy, sample)
-        assert direction * (after - before) > 1e-3, (objective, sample.sample_id, before, after)
+        policy.model.load_state_dict(start)
+        predicted = first_order_change(policy, sample, opt)
+        assert direction * predicted > 0 and direction * (after - before) > 0, \
+            (objective, sample.sample_id, predicted, before, after)
         if objective == "topk":
             assert stats["topk_kl"] > 0 and stats["frac_topk"] == 1.0
