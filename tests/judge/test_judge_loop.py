@@ -106,7 +106,8 @@ def test_report_shows_how_long_turns_waited_for_the_judge(tiny_model, tmp_path):
         r.sent_at = now - waited
         judge.received(r)
     first = judge.report()
-    assert 1.25 <= first["queue_wait_s_mean"] < 1.5 and 2.0 <= first["queue_wait_s_max"] < 2.5
+    late = time.time() - now  # how long after `now` the report came (a loaded machine may take a while)
+    assert 1.25 <= first["queue_wait_s_mean"] <= 1.25 + late and 2.0 <= first["queue_wait_s_max"] <= 2.0 + late
     assert first["backlog"] == 2 and first["inflight"] == 2
     assert judge.report()["queue_wait_s_max"] == 0.0  # waits are per report window; counters are not
     assert judge.report()["received"] == 2
