@@ -1,181 +1,265 @@
-"""The only place a chat template becomes text or ids: ChatML with tools, as token operations,
-so history tokens are never re-derived.
+"""The only place a chat template becomes text or ids: the model's own template, as transformers renders it.
 
-Each message renders on its own:
+The template is the one that ships with the model (`chat_template` in tokenizer_config.json, or
+chat_template.jinja), rendered by `tokenizer.apply_chat_template`: the same Jinja semantics, the same
+normalisation of messages (keys whose value is None are dropped). The tiny model's template is ChatML
+(`clawr1/tinymodel/chatml.py`); nothing here knows any family's markers. What the code needs of a
+template it reads off the template itself (`TemplateMarkers`): the special token that closes an assistant
+turn, and the text that opens and closes a user turn (the judge puts hints there).
 
-    <|im_start|>{role}\\n{content}<|im_end|>\\n
+Token-in/token-out: a session's next prompt is its recorded ids (prompt plus the sampled reply) plus the
+ids of only the new messages. When the template renders the recorded history exactly as it was sampled,
+the new messages' text is the fresh render's suffix after it. When it does not (Qwen3's template drops
+earlier turns' reasoning; any template re-renders a tool call's JSON its own way), the template is not
+prefix-stable there: `model.on_template_break` keeps the sampled ids (the default) or re-renders, and
+either way the break is counted.
 
-- a system message carries the tool signatures when the request has tools:
-  `{content}\\n\\n<tools>\\n{one JSON object per tool}\\n</tools>` (a system
-  message is added when the request has tools but none);
-- an assistant message with tool calls appends one block per call:
-  `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` (Qwen/Hermes format);
-- a tool result renders as role `tool`: `<tool_response>\\n{content}\\n</tool_response>`.
-
-Because the markers are special tokens (BPE never merges across them), the ids
-of a conversation are exactly the concatenation of the ids of its messages.
-The gateway relies on that to extend a session's recorded tokens with only the
-new messages, and the judge to splice a hint into a recorded prompt.
+Ids come from the rendered text split before each special token: the tokenizer splits there anyway, so
+the pieces' ids concatenate to the whole text's ids, and each piece (a message, mostly) is tokenized once
+and remembered.
 """
 from __future__ import annotations
 
-import json
+import re
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-MESSAGE_CACHE_SIZE = 1024  # rendered messages whose ids the renderer keeps
-IM_START = "<|im_start|>"
-IM_END = "<|im_end|>"
-END_OF_TEXT = "<|endoftext|>"
+import jinja2
 
-# The same format as a Jinja template, for tools that render with
-# `tokenizer.apply_chat_template` (transformers, SGLang's OpenAI server).
-CHATML_JINJA = (
-    "{%- set ns = namespace(tools='') -%}"
-    "{%- for t in (tools or []) -%}"
-    "{%- set ns.tools = ns.tools + ('' if loop.first else '\\n')"
-    " + ((t.function if t.function is defined else t) | tojson(separators=(',', ':'))) -%}"
-    "{%- endfor -%}"
-    "{%- if tools and messages[0].role != 'system' -%}"
-    "{{ '<|im_start|>system\\n\\n\\n<tools>\\n' + ns.tools + '\\n</tools><|im_end|>\\n' }}"
-    "{%- endif -%}"
-    "{%- for message in messages -%}"
-    "{%- set ns.content = message.content if message.content is string else '' -%}"
-    "{%- if message.role == 'system' and tools -%}"
-    "{%- set ns.content = ns.content + '\\n\\n<tools>\\n' + ns.tools + '\\n</tools>' -%}"
-    "{%- elif message.role == 'assistant' and message.tool_calls -%}"
-    "{%- for call in message.tool_calls -%}"
-    "{%- set f = call.function if call.function is defined else call -%}"
-    "{%- set block = '<tool_call>\\n{\"name\": \"' + f.name + '\", \"arguments\": '"
-    " + (f.arguments if f.arguments is string else (f.arguments | tojson)) + '}\\n</tool_call>' -%}"
-    "{%- set ns.content = (ns.content + '\\n' + block) if ns.content else block -%}"
-    "{%- endfor -%}"
-    "{%- elif message.role == 'tool' -%}"
-    "{%- set ns.content = '<tool_response>\\n' + ns.content + '\\n</tool_response>' -%}"
-    "{%- endif -%}"
-    "{{ '<|im_start|>' + message.role + '\\n' + ns.content + '<|im_end|>\\n' }}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
-)
+MESSAGE_CACHE_SIZE = 4096  # rendered pieces (about one per message) whose ids the renderer keeps
+# apply_chat_template's own arguments: a request's chat_template_kwargs may not set them
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "tools", "documents", "chat_template", "add_generation_prompt", "continue_final_message",
+    "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
+    "return_assistant_tokens_mask", "tokenizer_kwargs", "sanitize_control_tokens", "messages"})
+# plain words that no template changes, to find where a message's content sits in a rendering
+_PROBE_A, _PROBE_B, _PROBE_C = "probe-alpha", "probe-bravo", "probe-charlie"
 
 
-def tool_signature(tool: dict) -> str:
-    """One tool as the compact JSON line the system message lists."""
-    return json.dumps(tool.get("function", tool), separators=(",", ":"), ensure_ascii=False)
+class ChatTemplateError(ValueError):
+    """The template cannot render these messages (or is missing); the text says why."""
 
 
-def tool_call_block(name: str, arguments: Any) -> str:
-    """`arguments` may be a dict or the JSON string OpenAI clients send back."""
-    args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-    return f'<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call>'
+@dataclass
+class Prompt:
+    ids: list[int]
+    text: str  # what the ids decode to (for a recorded history: the sampled text, exactly)
 
 
-def message_content(message: dict, tools: Optional[Sequence[dict]] = None) -> str:
-    """The text between `<|im_start|>{role}\\n` and `<|im_end|>` for one message."""
-    content = message.get("content") or ""
-    role = message["role"]
-    if role == "system" and tools:
-        content += "\n\n<tools>\n" + "\n".join(tool_signature(t) for t in tools) + "\n</tools>"
-    elif role == "assistant" and message.get("tool_calls"):
-        for call in message["tool_calls"]:
-            f = call.get("function", call)
-            block = tool_call_block(f["name"], f.get("arguments", {}))
-            content = f"{content}\n{block}" if content else block
-    elif role == "tool":
-        content = f"<tool_response>\n{content}\n</tool_response>"
-    return content
+@dataclass(frozen=True)
+class TemplateMarkers:
+    turn_end: str  # the special token that closes an assistant turn (sampled as its last token)
+    user_header: str  # the text that opens a user message, before its content
+    user_end: str  # the special token right after a user message's content
 
 
-def render_text(messages: Sequence[dict], tools: Optional[Sequence[dict]] = None,
-                add_generation_prompt: bool = False) -> str:
-    """A conversation as ChatML text (for text-in APIs and tokenizer training; the gateway renders ids)."""
-    text = "".join(message_text(m, tools) for m in with_tool_system(messages, tools))
-    return text + (f"{IM_START}assistant\n" if add_generation_prompt else "")
+def checked_template_kwargs(kwargs: Optional[dict]) -> dict:
+    """A request's chat_template_kwargs, refused when one names an argument of apply_chat_template itself."""
+    kwargs = dict(kwargs or {})
+    clash = sorted(RESERVED_TEMPLATE_KWARGS & kwargs.keys())
+    if clash:
+        raise ChatTemplateError(f"chat_template_kwargs may not set {', '.join(clash)}")
+    return kwargs
 
 
-def message_text(message: dict, tools: Optional[Sequence[dict]] = None) -> str:
-    """One message, markers included."""
-    return f"{IM_START}{message['role']}\n{message_content(message, tools)}{IM_END}\n"
+class ChatRenderer:
+    """Renders OpenAI-style messages with the tokenizer's chat template, to text and to ids."""
+
+    def __init__(self, tokenizer: Any, template_kwargs: Optional[dict] = None):
+        if not getattr(tokenizer, "chat_template", None):
+            raise ChatTemplateError(
+                f"the tokenizer from {getattr(tokenizer, 'name_or_path', '?')!s} has no chat template "
+                "(expected chat_template in tokenizer_config.json, or a chat_template.jinja file)")
+        self.tokenizer = tokenizer
+        self.template_kwargs = checked_template_kwargs(template_kwargs)
+        self._fast = getattr(tokenizer, "backend_tokenizer", None)  # the Rust tokenizer: half the cost per call
+        specials = sorted({t.content for t in tokenizer.added_tokens_decoder.values() if t.special}, key=len,
+                          reverse=True)
+        self.special_tokens = frozenset(specials)
+        self._split = re.compile("(?=" + "|".join(map(re.escape, specials)) + ")") if specials else None
+        self._piece_ids: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self.markers = self._find_markers()
+        self.turn_end_id = self._single_id(self.markers.turn_end)
+        self.user_end_id = self._single_id(self.markers.user_end)
+        self.user_header_ids = self.encode(self.markers.user_header)
+        # a reply that samples one of these has ended (the gateway adds the model's own eos_token_id list)
+        self.end_ids = frozenset({self.turn_end_id,
+                                  *([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])})
+
+    # ------------------------------------------------------------ text
+    def render(self, messages: Sequence[dict], tools: Optional[Sequence[dict]] = None,
+               add_generation_prompt: bool = True, template_kwargs: Optional[dict] = None) -> str:
+        if not messages:
+            raise ChatTemplateError("a conversation needs at least one message")
+        kwargs = {**self.template_kwargs, **checked_template_kwargs(template_kwargs)}
+        try:
+            return self.tokenizer.apply_chat_template(
+                [dict(m) for m in messages], tools=list(tools) if tools else None, tokenize=False,
+                add_generation_prompt=add_generation_prompt, **kwargs)
+        except (jinja2.TemplateError, TypeError, KeyError, AttributeError, ValueError) as e:
+            raise ChatTemplateError(f"the model's chat template cannot render these messages: {e}") from None
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The exact text of ids, special tokens kept and no clean-up of spaces (so it can be compared)."""
+        if self._fast is not None:
+            return self._fast.decode(list(ids), skip_special_tokens=False)
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    # ------------------------------------------------------------ ids
+    def encode_text(self, text: str) -> list[int]:
+        """Ids of plain text, no special tokens added (a template's markers in it are still special)."""
+        if self._fast is not None:
+            return self._fast.encode(text, add_special_tokens=False).ids
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of rendered text: the ids of its pieces (split before each special token), each remembered."""
+        ids: list[int] = []
+        for piece in (self._split.split(text) if self._split else [text]):
+            if piece:
+                ids.extend(self._remembered_ids(piece))
+        return ids
+
+    def _remembered_ids(self, piece: str) -> tuple[int, ...]:
+        ids = self._piece_ids.get(piece)
+        if ids is None:
+            ids = self._piece_ids[piece] = tuple(self.encode_text(piece))
+            if len(self._piece_ids) > MESSAGE_CACHE_SIZE:
+                self._piece_ids.popitem(last=False)
+        else:
+            self._piece_ids.move_to_end(piece)
+        return ids
+
+    def encode_messages(self, messages: Sequence[dict], add_generation_prompt: bool = True,
+                        tools: Optional[Sequence[dict]] = None, template_kwargs: Optional[dict] = None) -> list[int]:
+        return self.encode(self.render(messages, tools, add_generation_prompt, template_kwargs))
+
+    def prompt(self, messages: Sequence[dict], tools: Optional[Sequence[dict]] = None,
+               template_kwargs: Optional[dict] = None) -> Prompt:
+        text = self.render(messages, tools, True, template_kwargs)
+        return Prompt(self.encode(text), text)
+
+    # ------------------------------------------------------------ pieces of a conversation
+    def continuation_text(self, reply: dict, new: Sequence[dict], tools: Optional[Sequence[dict]] = None,
+                          template_kwargs: Optional[dict] = None) -> str:
+        """The text that follows an assistant turn's closing token when `new` messages come after `reply`
+        (and a generation prompt after them), rendered with `reply` as their only context."""
+        before = self.render([reply], tools, False, template_kwargs)
+        after = self.render([reply, *new], tools, True, template_kwargs)
+        if not after.startswith(before):
+            raise ChatTemplateError("the template renders a reply differently once messages follow it")
+        cut = before.rfind(self.markers.turn_end)
+        return after[cut + len(self.markers.turn_end) if cut >= 0 else len(before):]
+
+    def reply_ids(self, prompt_messages: Sequence[dict], reply: dict, tools: Optional[Sequence[dict]] = None,
+                  template_kwargs: Optional[dict] = None) -> list[int]:
+        """A logged assistant reply as the model would have sampled it after `prompt_messages`: its text as the
+        template renders it last, up to and including the token that closes the turn."""
+        prompt = self.render(prompt_messages, tools, True, template_kwargs)
+        whole = self.render([*prompt_messages, reply], tools, False, template_kwargs)
+        if not whole.startswith(prompt):
+            raise ChatTemplateError("the template renders the prompt differently once the reply follows it")
+        body = whole[len(prompt):]
+        end = body.find(self.markers.turn_end)
+        return self.encode(body[: end + len(self.markers.turn_end)] if end >= 0 else body) + (
+            [] if end >= 0 else [self.turn_end_id])
+
+    def with_hint(self, prompt_ids: list[int], hint: str) -> list[int]:
+        """The prompt with `hint` on a new line at the end of its last user message (the teacher's context)."""
+        return splice_hint(prompt_ids, self.encode_text("\n" + hint), self.user_header_ids, self.user_end_id)
+
+    # ------------------------------------------------------------ what the template looks like
+    def _find_markers(self) -> TemplateMarkers:
+        user_a, reply_b, user_c = ({"role": "user", "content": _PROBE_A}, {"role": "assistant", "content": _PROBE_B},
+                                   {"role": "user", "content": _PROBE_C})
+        one_turn = self.render([user_a, reply_b], add_generation_prompt=False)
+        two_turns = self.render([user_a, reply_b, user_c], add_generation_prompt=False)
+        turn_end = self._first_special(one_turn[one_turn.rindex(_PROBE_B) + len(_PROBE_B):], "an assistant turn")
+        user_end = self._first_special(two_turns[two_turns.rindex(_PROBE_C) + len(_PROBE_C):], "a user turn")
+        between = two_turns[two_turns.rindex(_PROBE_B) + len(_PROBE_B): two_turns.rindex(_PROBE_C)]
+        rest = between.split(turn_end, 1)[-1]  # what opens the user turn, after any text between turns
+        opens = self._split.search(rest) if self._split else None
+        return TemplateMarkers(turn_end=turn_end, user_header=rest[opens.start():] if opens else rest,
+                               user_end=user_end)
+
+    def _first_special(self, text: str, what: str) -> str:
+        found = [t for t in self.special_tokens if text.lstrip().startswith(t)]
+        if not found:
+            raise ChatTemplateError(f"the chat template closes {what} with no special token (it renders "
+                                    f"{text[:40]!r} after the content); clawr1 needs one to know where a turn ends")
+        return max(found, key=len)
+
+    def _single_id(self, token: str) -> int:
+        ids = self.encode_text(token)
+        if len(ids) != 1:
+            raise ChatTemplateError(f"{token!r} is not one token in this tokenizer")
+        return ids[0]
 
 
-def with_tool_system(messages: Sequence[dict], tools: Optional[Sequence[dict]]) -> list[dict]:
-    """The messages, with a system message added to carry the tools when there is none."""
-    if tools and (not messages or messages[0]["role"] != "system"):
-        return [{"role": "system", "content": ""}, *messages]
-    return list(messages)
-
-
-def splice_hint(prompt_ids: list[int], hint_ids: list[int], user_header_ids: list[int], im_end_id: int) -> list[int]:
+def splice_hint(prompt_ids: list[int], hint_ids: list[int], user_header_ids: list[int], end_id: int) -> list[int]:
     """Insert `hint_ids` before the end of the last user message (or of the last message if none)."""
     n = len(user_header_ids)
     starts = [i for i in range(len(prompt_ids) - n + 1) if prompt_ids[i:i + n] == user_header_ids]
     search_from = starts[-1] + n if starts else 0
-    ends = [i for i in range(search_from, len(prompt_ids)) if prompt_ids[i] == im_end_id]
+    ends = [i for i in range(search_from, len(prompt_ids)) if prompt_ids[i] == end_id]
     if not ends:
         raise ValueError("the prompt has no closed message to put the hint in")
     at = ends[0] if starts else ends[-1]
     return prompt_ids[:at] + hint_ids + prompt_ids[at:]
 
 
-class ChatRenderer:
-    """Turns OpenAI-style messages into token ids for a ChatML tokenizer."""
+_PROBE_TOOLS = [{"type": "function", "function": {
+    "name": "lookup", "description": "Look a word up.",
+    "parameters": {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]}}}]
 
-    def __init__(self, tokenizer: Any):
-        self.tokenizer = tokenizer
-        self._fast = getattr(tokenizer, "backend_tokenizer", None)  # the Rust tokenizer: half the cost per call
-        # System prompts and tool lists repeat across sessions: their ids are kept (least recently used go first).
-        self._message_ids: OrderedDict[str, tuple[int, ...]] = OrderedDict()
-        self.im_start_id = tokenizer.convert_tokens_to_ids(IM_START)
-        self.im_end_id = tokenizer.convert_tokens_to_ids(IM_END)
-        self.end_of_text_id = tokenizer.convert_tokens_to_ids(END_OF_TEXT)
-        self.newline_ids = self.encode_text("\n")
-        self.generation_prompt_ids = self.encode_text(f"{IM_START}assistant\n")
 
-    def encode_text(self, text: str) -> list[int]:
-        if self._fast is not None:
-            return self._fast.encode(text, add_special_tokens=False).ids
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+def _call(word: str, i: int = 0) -> dict:
+    return {"id": f"call_{i}", "type": "function", "function": {"name": "lookup", "arguments": {"word": word}}}
 
-    def encode_message_text(self, text: str) -> tuple[int, ...]:
-        """Ids of one whole rendered message, remembered for the next request that sends it."""
-        ids = self._message_ids.get(text)
-        if ids is None:
-            ids = self._message_ids[text] = tuple(self.encode_text(text))
-            if len(self._message_ids) > MESSAGE_CACHE_SIZE:
-                self._message_ids.popitem(last=False)
-        else:
-            self._message_ids.move_to_end(text)
-        return ids
 
-    def message_text(self, message: dict, tools: Optional[Sequence[dict]] = None) -> str:
-        return message_text(message, tools)
+# (shape, tools, history ending with a sampled reply, the messages that follow it)
+PROBE_SHAPES: list[tuple[str, Optional[list], list[dict], list[dict]]] = [
+    ("a reply, then a user message", None,
+     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+      {"role": "assistant", "content": "Hello."}], [{"role": "user", "content": "Thanks"}]),
+    ("a reply with reasoning, then a user message", None,
+     [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello.", "reasoning_content": "Greet."}],
+     [{"role": "user", "content": "Thanks"}]),
+    ("a tool call, then its result", _PROBE_TOOLS,
+     [{"role": "user", "content": "Define cat"}, {"role": "assistant", "content": "", "tool_calls": [_call("cat")]}],
+     [{"role": "tool", "tool_call_id": "call_0", "content": "an animal"}]),
+    ("parallel tool calls, then their results", _PROBE_TOOLS,
+     [{"role": "user", "content": "Define cat and dog"},
+      {"role": "assistant", "content": "", "tool_calls": [_call("cat"), _call("dog", 1)]}],
+     [{"role": "tool", "tool_call_id": "call_0", "content": "an animal"},
+      {"role": "tool", "tool_call_id": "call_1", "content": "an animal"}]),
+    ("a reply after a tool result, then a user message", _PROBE_TOOLS,
+     [{"role": "user", "content": "Define cat"}, {"role": "assistant", "content": "", "tool_calls": [_call("cat")]},
+      {"role": "tool", "tool_call_id": "call_0", "content": "an animal"},
+      {"role": "assistant", "content": "A cat is an animal."}], [{"role": "user", "content": "Thanks"}]),
+]
 
-    def role_header_ids(self, role: str) -> list[int]:
-        """Ids that open a message of `role` (the judge finds the last user message by them)."""
-        return self.encode_text(f"{IM_START}{role}\n")
 
-    def with_hint(self, prompt_ids: list[int], hint: str) -> list[int]:
-        """The prompt with `hint` on a new line at the end of its last user message (the teacher's context)."""
-        return splice_hint(prompt_ids, self.encode_text("\n" + hint), self.role_header_ids("user"), self.im_end_id)
+def sampled_text(renderer: ChatRenderer, history: Sequence[dict], tools: Optional[Sequence[dict]] = None,
+                 template_kwargs: Optional[dict] = None) -> str:
+    """The text a session records for `history` (ending with a reply) if the model sampled exactly what
+    the template renders for that reply in generation position."""
+    prompt = renderer.render(history[:-1], tools, True, template_kwargs)
+    reply = renderer.decode(renderer.reply_ids(history[:-1], history[-1], tools, template_kwargs))
+    return prompt + reply
 
-    def encode_messages(self, messages: Sequence[dict], add_generation_prompt: bool = True,
-                        tools: Optional[Sequence[dict]] = None) -> list[int]:
-        ids: list[int] = []
-        for m in with_tool_system(messages, tools):
-            ids += self.encode_message_text(self.message_text(m, tools))
-        if add_generation_prompt:
-            ids += self.generation_prompt_ids
-        return ids
 
-    def encode_for_training(self, messages: Sequence[dict],
-                            tools: Optional[Sequence[dict]] = None) -> tuple[list[int], list[int]]:
-        """Ids and a loss mask that is 1 on assistant content and its closing <|im_end|>."""
-        ids: list[int] = []
-        mask: list[int] = []
-        for m in with_tool_system(messages, tools):
-            head = self.role_header_ids(m["role"])
-            body = self.encode_text(message_content(m, tools)) + [self.im_end_id]
-            trained = 1 if m["role"] == "assistant" else 0
-            ids += head + body + self.newline_ids
-            mask += [0] * len(head) + [trained] * len(body) + [0] * len(self.newline_ids)
-        return ids, mask
+def template_breaking_shapes(renderer: ChatRenderer) -> list[str]:
+    """The probe shapes for which the template renders a sampled history otherwise once messages follow it."""
+    broken = []
+    for shape, tools, history, new in PROBE_SHAPES:
+        try:
+            recorded = sampled_text(renderer, history, tools)
+            fresh = renderer.render([*history, *new], tools, True)
+        except ChatTemplateError:
+            broken.append(shape)
+            continue
+        if not fresh.startswith(recorded):
+            broken.append(shape)
+    return broken

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from clawr1.config import ConfigError, load_config
+from clawr1.model_path import ModelDirError
 
 LOOPS = {
     "serve": ("clawr1.serving.main", "the embedded engine (SGLang native API)"),
@@ -119,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     except ConfigError as e:
         print(f"clawr1: config error: {e}", file=sys.stderr)
+        return 2
+    except ModelDirError as e:
+        print(f"clawr1: {e}", file=sys.stderr)
         return 2
     return 2
 

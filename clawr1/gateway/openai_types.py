@@ -31,6 +31,7 @@ class ChatMessage(BaseModel):
     name: Optional[str] = None
     tool_calls: Optional[list[ToolCallIn]] = None
     tool_call_id: Optional[str] = None
+    reasoning_content: Optional[str] = None  # a thinking model's reasoning, when a client sends it back
 
     @field_validator("content")
     @classmethod
@@ -58,6 +59,8 @@ class ChatMessage(BaseModel):
                                  for c in self.tool_calls]
         if self.tool_call_id:
             out["tool_call_id"] = self.tool_call_id
+        if self.reasoning_content is not None:
+            out["reasoning_content"] = self.reasoning_content
         return out
 
 
@@ -105,6 +108,8 @@ class ChatCompletionRequest(BaseModel):
     user: Optional[str] = None
     tools: Optional[list[Tool]] = None
     tool_choice: Optional[Union[Literal["none", "auto", "required"], dict[str, Any]]] = None
+    # passed to the model's chat template, as SGLang and vLLM take it (e.g. {"enable_thinking": false})
+    chat_template_kwargs: Optional[dict[str, Any]] = None
 
     @field_validator("stop")
     @classmethod
@@ -149,6 +154,7 @@ class ScoreRequest(BaseModel):
     hint: str = Field(default="", max_length=4000)
     tools: Optional[list[Tool]] = None
     temperature: float = Field(default=1.0, ge=0.01, le=2)
+    chat_template_kwargs: Optional[dict[str, Any]] = None
 
 
 class FeedbackRequest(BaseModel):

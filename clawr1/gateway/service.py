@@ -16,10 +16,10 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncIterator, Awaitable, Callable, Optional
+from typing import AsyncIterator, Awaitable, Callable, Optional, Sequence
 
 from clawr1 import bus, protocol
-from clawr1.chat import ChatRenderer, message_content
+from clawr1.chat import ChatRenderer, ChatTemplateError, Prompt
 from clawr1.config import Config
 from clawr1.engine_api.client import EngineError, Generation, joined
 from clawr1.gateway.ingest import IngestLedger, content_id, logged_turns
@@ -27,7 +27,7 @@ from clawr1.gateway.logprobs import TokenText, openai_logprobs
 from clawr1.gateway.metrics import Metrics
 from clawr1.gateway.openai_types import (ChatCompletionRequest, IngestRequest, ScoreRequest, chat_completion, chunk,
                                          completion_id)
-from clawr1.gateway.parsers import ParsedOutput, StreamSplitter, parse_output
+from clawr1.gateway.parsers import ParsedOutput, StreamSplitter, default_tool_call_format, parse_output
 from clawr1.gateway.router import EngineRouter, NoEngineError
 from clawr1.gateway.sessions import Session, SessionStore, canonical
 from clawr1.protocol import NextState, TurnRecord
@@ -116,14 +116,22 @@ REPORT_EVERY_S = 5.0  # the gateway's counters go to metrics.jsonl this often
 
 
 class Gateway:
-    def __init__(self, cfg: Config, tokenizer, judge_addr: Optional[str]):
+    def __init__(self, cfg: Config, tokenizer, judge_addr: Optional[str], model_type: str = "",
+                 end_ids: Sequence[int] = ()):
+        """`model_type` (config.json's) picks the default tool-call format; `end_ids`: the model's own
+        eos_token_id list, beyond what the chat template and tokenizer say ends a reply."""
         self.cfg = cfg.gateway
         self.run_dir = cfg.run_dir
-        self.renderer = ChatRenderer(tokenizer)
+        self.renderer = ChatRenderer(tokenizer, cfg.model.chat_template_kwargs)
+        fmt = cfg.model.tool_call_format
+        self.tool_call_format = default_tool_call_format(model_type) if fmt == "auto" else fmt
+        think = cfg.model.reasoning_format
+        self.parses_reasoning = "<think>" in tokenizer.get_vocab() if think == "auto" else think == "think"
         self.token_text = TokenText(tokenizer)
         self.tokenizer = tokenizer
         self.router = EngineRouter(cfg.engine_urls)
-        self.sessions = SessionStore(self.renderer, self.cfg.max_sessions, self.cfg.session_ttl_s, self.cfg.max_session_tokens)
+        self.sessions = SessionStore(self.renderer, self.cfg.max_sessions, self.cfg.session_ttl_s,
+                                     self.cfg.max_session_tokens, cfg.model.on_template_break)
         self.judge_addr = judge_addr
         self.judge_queue: asyncio.Queue[TurnRecord] = asyncio.Queue(maxsize=self.cfg.judge_queue_size)
         self.metrics = Metrics()
@@ -131,11 +139,13 @@ class Gateway:
         self.metrics.gauge("session_tokens", lambda: self.sessions.tokens, "token ids held by sessions")
         self.metrics.gauge("judge_queue_depth", lambda: self.judge_queue.qsize(), "TurnRecords waiting for the judge")
         self.metrics.counter_fn("prefix_breaks", lambda: self.sessions.prefix_breaks, "histories that stopped extending")
+        self.metrics.counter_fn("template_breaks", lambda: self.sessions.template_breaks,
+                                "turns whose history the chat template renders otherwise than it was sampled")
         self.metrics.gauge("engines_healthy", lambda: sum(self.router.healthy), "engines passing health checks")
         self.session_locks = SessionLocks()
         self._engine_wait = 0.0  # seconds spent awaiting engines (for the overhead metric)
         self._tasks: list[asyncio.Task] = []
-        self.eos_ids = {self.renderer.im_end_id, self.renderer.end_of_text_id}
+        self.eos_ids = set(self.renderer.end_ids) | set(end_ids)
         self.weight_version = 0  # the newest version that produced a token served here
         self.max_context = 0  # the model's context length, when known (gateway main reads it from the model config)
         self.run_status = RunStatus(self.run_dir)
@@ -187,7 +197,8 @@ class Gateway:
             "main_turns": c["main_turns"][()], "side_requests": c["requests"][(("kind", "side"),)],
             "feedback": c["feedback"][()], "ingested_turns": c["ingested_turns"][()],
             "turns_sent": c["turns_sent"][()], "turns_dropped": c["turns_dropped"][()],
-            "prefix_breaks": self.sessions.prefix_breaks, "sessions_open": len(self.sessions.sessions),
+            "prefix_breaks": self.sessions.prefix_breaks, "template_breaks": self.sessions.template_breaks,
+            "malformed_tool_calls": c["malformed_tool_calls"][()], "sessions_open": len(self.sessions.sessions),
             "session_tokens": self.sessions.tokens, "judge_queue_depth": self.judge_queue.qsize(),
             "weight_version": self.weight_version,
         }
@@ -255,7 +266,7 @@ class Gateway:
     def decode(self, gen: Generation) -> str:
         """The sampled text with special markers kept (tool-call tags), minus the stop token/string."""
         ids = gen.output_ids[:-1] if gen.output_ids and gen.output_ids[-1] in self.eos_ids else gen.output_ids
-        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        text = self.renderer.decode(ids)
         if gen.matched_stop and gen.matched_stop in text:
             text = text[: text.index(gen.matched_stop)]
         return text
@@ -345,7 +356,11 @@ class Gateway:
         self.weight_version = max(self.weight_version, gen.weight_version)
         text = self.decode(gen)
         self.metrics.inc("completion_tokens", len(gen.output_ids), help="tokens generated")
-        return Choice(index, gen, text, parse_output(text, parse_tools))
+        parsed = parse_output(text, parse_tools, self.tool_call_format, self.parses_reasoning)
+        if parsed.malformed:
+            self.metrics.inc("malformed_tool_calls", parsed.malformed,
+                             help="tool calls that did not parse (returned as content)")
+        return Choice(index, gen, text, parsed)
 
     async def chat_stream(self, req: ChatCompletionRequest,
                           ctx: TurnContext) -> tuple[AsyncIterator[bytes], str, Callable[[], Awaitable[None]]]:
@@ -363,7 +378,7 @@ class Gateway:
             finals: dict[int, Choice] = {}
 
             async def one(i: int) -> None:
-                splitter = StreamSplitter(turn.parse_tools)
+                splitter = StreamSplitter(turn.parse_tools, self.tool_call_format, self.parses_reasoning)
                 sent, last, reported = "", None, 0  # text sent, last partial result, tokens whose log-probs went out
                 try:
                     async for partial in self._stream(turn.key, turn.prompt, self._sampling_params(req, i), _top_k(req)):
@@ -376,30 +391,35 @@ class Gateway:
                         logprobs = self._logprobs(req, partial, reported)
                         reported = len(partial.output_ids)
                         await queue.put(("delta", i, (reasoning, content), logprobs))
+                        await queue.put(("calls", i, splitter, None))
                     reasoning, content = splitter.finish()
                     await queue.put(("delta", i, (reasoning, content), self._logprobs(req, last, reported)))
+                    await queue.put(("calls", i, splitter, None))
                     finals[i] = self._choice(i, last, turn.parse_tools)
                     await queue.put(("done", i, finals[i], splitter))
                 except GatewayError as e:
                     await queue.put(("error", i, e, None))
 
             tasks = [asyncio.create_task(one(i)) for i in range(req.n)]
+            calls_sent = [0] * req.n
             try:
                 yield _sse(chunk(turn.cid, model, [{"index": i, "delta": {"role": "assistant", "content": ""},
                                                     "finish_reason": None} for i in range(req.n)]))
                 running = req.n
                 while running:
                     kind, i, a, b = await queue.get()
-                    if kind == "delta":
+                    if kind == "calls":  # each tool call goes out as soon as it is complete
+                        for j in range(calls_sent[i], len(a.calls)):
+                            yield _sse(chunk(turn.cid, model, [{"index": i, "delta": {"tool_calls": [
+                                a.calls[j].openai(index=j)]}, "finish_reason": None}]))
+                        calls_sent[i] = len(a.calls)
+                    elif kind == "delta":
                         delta = {k: v for k, v in (("reasoning_content", a[0]), ("content", a[1])) if v}
                         if delta or (b and b["content"]):
                             yield _sse(chunk(turn.cid, model, [{"index": i, "delta": delta, "logprobs": b,
                                                                 "finish_reason": None}]))
                     elif kind == "done":
                         running -= 1
-                        if a.parsed.tool_calls:
-                            calls = [c.openai(index=j) for j, c in enumerate(a.parsed.tool_calls)]
-                            yield _sse(chunk(turn.cid, model, [{"index": i, "delta": {"tool_calls": calls}, "finish_reason": None}]))
                         yield _sse(chunk(turn.cid, model, [{"index": i, "delta": {}, "finish_reason": a.finish_reason()}],
                                          fingerprint=fingerprint(a.gen.weight_version)))
                     else:
@@ -454,13 +474,17 @@ class Gateway:
 
         The response is tokenized from text (this is a measurement, never training data)."""
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
-        prompt = self.renderer.encode_messages([m.as_dict() for m in req.messages], tools=tools)
+        try:
+            prompt = self.renderer.encode_messages([m.as_dict() for m in req.messages], tools=tools,
+                                                   template_kwargs=req.chat_template_kwargs)
+        except ChatTemplateError as e:
+            raise GatewayError(400, str(e), code="chat_template_error") from None
         if req.hint:
             try:
                 prompt = self.renderer.with_hint(prompt, req.hint)
             except ValueError as e:
                 raise GatewayError(400, f"cannot place the hint: {e}") from None
-        response = self.renderer.encode_text(req.response) + [self.renderer.im_end_id]
+        response = self.renderer.encode_text(req.response) + [self.renderer.turn_end_id]
         self._checked_prompt(prompt)
         key = f"score-{completion_id()}"
         try:
@@ -510,8 +534,11 @@ class Gateway:
             return "no prompt before it"
         if turn.next_state is None:
             return "no next state"
-        prompt = self.renderer.encode_messages(turn.prompt_messages, tools=tools)
-        response = self.renderer.encode_text(message_content(turn.reply, tools)) + [self.renderer.im_end_id]
+        try:
+            prompt = self.renderer.encode_messages(turn.prompt_messages, tools=tools)
+            response = self.renderer.reply_ids(turn.prompt_messages, turn.reply, tools)
+        except ChatTemplateError as e:
+            return f"not renderable: {e}"
         if len(prompt) > self.cfg.max_prompt_tokens or (self.max_context and len(prompt) + len(response) > self.max_context):
             return f"over the context limit: {len(prompt)} + {len(response)} tokens"
         try:
@@ -545,6 +572,7 @@ class _Turn:
         self.tools = req.tool_dicts()
         self.parse_tools = bool(self.tools)
         self.messages = [m.as_dict() for m in req.messages]
+        self.template_kwargs = req.chat_template_kwargs
         self.session_id = "" if ctx.side else (ctx.session_id or f"anon-{uuid.uuid4().hex}")
         self.key = ctx.session_id or self.session_id or self.cid  # engine affinity, side turns included
         self.holds_lock = False
@@ -554,16 +582,24 @@ class _Turn:
         kind = "side" if self.ctx.side else "main"
         gw.metrics.inc("requests", help="chat completion requests", kind=kind)
         if self.ctx.side:
-            self.prompt = gw._checked_prompt(gw.renderer.encode_messages(self.messages, tools=self.tools))
+            try:
+                self.prompt = gw._checked_prompt(gw.renderer.encode_messages(self.messages, tools=self.tools,
+                                                                             template_kwargs=self.template_kwargs))
+            except ChatTemplateError as e:
+                raise GatewayError(400, str(e), code="chat_template_error") from None
         else:
             await gw.session_locks.acquire(self.session_id)
             self.holds_lock = True
             try:
                 self.session = gw.sessions.get(self.session_id)
                 self.asked = [canonical(m) for m in self.messages]
-                prompt, outcomes = gw.sessions.prompt_for(self.session, self.messages, self.tools, self.asked)
-                self.prompt = gw._checked_prompt(prompt)
-                gw._emit(self.session, outcomes)
+                try:
+                    self.rendered = gw.sessions.prompt_for(self.session, self.messages, self.tools, self.asked,
+                                                           self.template_kwargs)
+                except ChatTemplateError as e:
+                    raise GatewayError(400, str(e), code="chat_template_error") from None
+                self.prompt = gw._checked_prompt(self.rendered[0].ids)
+                gw._emit(self.session, self.rendered[1])
             except BaseException:
                 await self.__aexit__()
                 raise
@@ -586,7 +622,7 @@ class _Turn:
                 finish_reason=c.gen.finish_reason, group_id=group, task_id=self.ctx.task_id, created_at=time.time())
             s.turns += 1
             replies.append((c.history_message(), c.gen.output_ids, record))
-        gw.sessions.record(s, self.messages, self.tools, replies, self.prompt, self.asked)
+        gw.sessions.record(s, self.messages, self.tools, replies, self.rendered[0], self.asked)
         gw.metrics.inc("main_turns", len(choices), help="turns recorded for training")
         gw._evict()
 

@@ -1,13 +1,21 @@
 """Per-session token history: the heart of token-in/token-out.
 
 A session remembers the messages it has seen and the exact token ids behind
-them (prompt ids plus the sampled response ids). When the next request's
-messages extend that history, its prompt is the recorded ids plus the ids of
-only the new messages, so earlier responses are never re-tokenized (their
-reasoning blocks and tool-call JSON stay exactly as sampled, even though
-clients send back only the parsed message). When they do not (edited or
-compacted history, other tools), the session starts a new segment and the
-break is counted.
+them (prompt ids plus the sampled response ids), with their text. When the
+next request's messages extend that history, its prompt is the recorded ids
+plus the ids of only the new messages, so earlier responses are never
+re-tokenized (their reasoning blocks and tool-call JSON stay exactly as
+sampled, even though clients send back only the parsed message). When they do
+not (edited or compacted history, other tools), the session starts a new
+segment and the break is counted (`prefix_breaks`).
+
+The new messages' text is the fresh render's suffix after the recorded text.
+Where the model's template renders the recorded history otherwise (Qwen3's
+drops earlier reasoning; a tool call's JSON re-rendered with other spacing),
+the template is not prefix-stable for that turn: `on_template_break` keeps the
+sampled ids and appends the new messages as the template renders them after
+the reply (`keep_sampled`), or takes the fresh render (`rerender`). Either
+way `template_breaks` counts the turn.
 
 A request with n > 1 leaves n candidate continuations; the next request picks
 one by the assistant message it sends back.
@@ -27,7 +35,7 @@ from typing import Any, Optional
 
 import msgspec
 
-from clawr1.chat import ChatRenderer
+from clawr1.chat import ChatRenderer, ChatTemplateError, Prompt
 from clawr1.protocol import NextState, TurnRecord
 
 
@@ -37,6 +45,7 @@ class Candidate:
 
     messages: list[dict]  # history as the client will send it back, ending with this reply
     token_ids: list[int]  # exact ids of that history
+    text: str  # what those ids decode to
     record: TurnRecord
     canonical: list[tuple]  # `canonical` of each message, to compare the next request against
 
@@ -63,6 +72,7 @@ class SavedCandidate(msgspec.Struct):
     messages: list[dict[str, Any]]
     token_ids: list[int]
     record: TurnRecord
+    text: str = ""  # saved before the text was kept: decoded from token_ids when loaded
 
 
 class SavedSession(msgspec.Struct):
@@ -105,13 +115,16 @@ class SessionStore:
     """Bounded session table: idle sessions expire; beyond max_sessions or max_tokens the least recently
     used go first."""
 
-    def __init__(self, renderer: ChatRenderer, max_sessions: int, ttl_s: float, max_tokens: int = 50_000_000):
+    def __init__(self, renderer: ChatRenderer, max_sessions: int, ttl_s: float, max_tokens: int = 50_000_000,
+                 on_template_break: str = "keep_sampled"):
         self.renderer = renderer
+        self.on_template_break = on_template_break
         self.max_sessions = max_sessions
         self.max_tokens = max_tokens
         self.ttl_s = ttl_s
         self.sessions: OrderedDict[str, Session] = OrderedDict()
-        self.prefix_breaks = 0
+        self.prefix_breaks = 0  # requests whose history is not an extension of a recorded one
+        self.template_breaks = 0  # extensions where the template re-renders the recorded history otherwise
         self.tokens = 0
 
     def get(self, session_id: str) -> Session:
@@ -122,35 +135,54 @@ class SessionStore:
         s.last_seen = time.monotonic()
         return s
 
-    def prompt_for(self, session: Session, messages: list[dict], tools: Optional[list[dict]],
-                   wanted: list[tuple]) -> tuple[list[int], list[tuple[TurnRecord, NextState]]]:
-        """Prompt ids for `messages` (`wanted`: their canonical forms), and each pending turn with what followed it."""
+    def prompt_for(self, session: Session, messages: list[dict], tools: Optional[list[dict]], wanted: list[tuple],
+                   template_kwargs: Optional[dict] = None) -> tuple[Prompt, list[tuple[TurnRecord, NextState]]]:
+        """The prompt for `messages` (`wanted`: their canonical forms), and each pending turn with what followed it."""
+        fresh = self.renderer.render(messages, tools, True, template_kwargs)
         for chosen in session.candidates:
             hist = chosen.canonical
             if session.tools == tools and len(wanted) > len(hist) and wanted[: len(hist)] == hist:
                 new = messages[len(hist):]
-                ids = chosen.token_ids + self.renderer.newline_ids + self.renderer.encode_messages(new, tools=None)
                 outcome = [(c.record, next_state_from(new) if c is chosen else NextState(kind="none"))
                            for c in session.candidates]
-                return ids, outcome
+                return self._extended(chosen, new, tools, fresh, template_kwargs), outcome
         outcome = [(c.record, next_state_from(messages[-1:]) if i == 0 else NextState(kind="none"))
                    for i, c in enumerate(session.candidates)]
         if session.candidates:
             self.prefix_breaks += 1
             session.segment += 1
-        return self.renderer.encode_messages(messages, tools=tools), outcome
+        return Prompt(self.renderer.encode(fresh), fresh), outcome
+
+    def _extended(self, chosen: Candidate, new: list[dict], tools: Optional[list[dict]], fresh: str,
+                  template_kwargs: Optional[dict]) -> Prompt:
+        """The recorded history plus the new messages: exactly the fresh render where the template is
+        prefix-stable, else as `on_template_break` says."""
+        if fresh.startswith(chosen.text):
+            new_text = fresh[len(chosen.text):]
+        else:
+            self.template_breaks += 1
+            if self.on_template_break == "rerender":
+                return Prompt(self.renderer.encode(fresh), fresh)
+            try:
+                new_text = self.renderer.continuation_text(chosen.messages[-1], new, tools, template_kwargs)
+            except ChatTemplateError:  # the template renders no reply on its own: the fresh render it is
+                return Prompt(self.renderer.encode(fresh), fresh)
+        return Prompt(chosen.token_ids + self.renderer.encode(new_text), chosen.text + new_text)
 
     def record(self, session: Session, messages: list[dict], tools: Optional[list[dict]],
-               replies: list[tuple[dict, list[int], TurnRecord]], prompt_ids: list[int], asked: list[tuple]) -> None:
+               replies: list[tuple[dict, list[int], TurnRecord]], prompt: Prompt, asked: list[tuple]) -> None:
         """Remember each reply's history, with its exact ids, as a candidate for the next request
         (`asked`: the canonical forms of `messages`)."""
         session.tools = tools
         session.candidates = []
         for reply, response_ids, record in replies:
-            ids = prompt_ids + response_ids
-            if not response_ids or response_ids[-1] != self.renderer.im_end_id:
-                ids = ids + [self.renderer.im_end_id]  # template token closing a truncated reply; never trained
-            session.candidates.append(Candidate(list(messages) + [reply], ids, record, asked + [canonical(reply)]))
+            ids = prompt.ids + response_ids
+            if not response_ids or response_ids[-1] not in self.renderer.end_ids:
+                # the template's token closing a truncated reply; never trained
+                ids = ids + [self.renderer.turn_end_id]
+                response_ids = [*response_ids, self.renderer.turn_end_id]
+            text = prompt.text + self.renderer.decode(response_ids)
+            session.candidates.append(Candidate(list(messages) + [reply], ids, text, record, asked + [canonical(reply)]))
         self._recount(session)
 
     def release(self, session: Session, records: list[TurnRecord]) -> None:
@@ -180,7 +212,7 @@ class SessionStore:
     def save(self, path: Path) -> int:
         """Write every session with its pending turns to `path` (atomically); returns how many."""
         saved = [SavedSession(s.id, s.segment, s.turns, s.tools,
-                              [SavedCandidate(c.messages, c.token_ids, c.record) for c in s.candidates])
+                              [SavedCandidate(c.messages, c.token_ids, c.record, c.text) for c in s.candidates])
                  for s in self.sessions.values()]
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -194,7 +226,8 @@ class SessionStore:
         for s in saved:
             session = self.get(s.id)
             session.segment, session.turns, session.tools = s.segment, s.turns, s.tools
-            session.candidates = [Candidate(c.messages, c.token_ids, c.record, [canonical(m) for m in c.messages])
+            session.candidates = [Candidate(c.messages, c.token_ids, c.text or self.renderer.decode(c.token_ids), c.record,
+                                            [canonical(m) for m in c.messages])
                                   for c in s.candidates]
             self._recount(session)
         path.unlink()

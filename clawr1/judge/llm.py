@@ -11,7 +11,7 @@ import aiohttp
 import orjson
 
 from clawr1.config import JudgeConfig
-from clawr1.chat import render_text
+from clawr1.tinymodel.chatml import render_text
 from clawr1.judge.rules import Verdict
 from clawr1.judge.votes import (EVAL_SYSTEM, HINT_SYSTEM, Vote, agreement, best_hint, majority, parse_eval, parse_hint,
                                 render_context)

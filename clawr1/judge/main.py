@@ -58,7 +58,7 @@ class Judge:
         backend = cfg.judge.backend
         self.llm = LlmJudge(cfg.judge, cfg.prm_url) if backend == "llm" else None
         self.env = EnvJudge(cfg.judge, cfg.prm_url) if backend == "env" else None
-        self.renderer = ChatRenderer(tokenizer)
+        self.renderer = ChatRenderer(tokenizer, cfg.model.chat_template_kwargs)
         self.teacher: Optional[Teacher] = None
         if cfg.judge.teacher != "none":
             if cfg.judge.teacher in ("frozen", "lagged") and not (cfg.judge.teacher_url or cfg.judge.teacher_port):
@@ -213,11 +213,10 @@ async def serve(cfg: Config, judge: Judge, stop: asyncio.Event, on_ready=None) -
 
 def main(cfg: Config) -> int:
     from clawr1.runtime import mark_ready, setup_logging
-    from clawr1.model_path import resolve_model_path
-    from transformers import AutoTokenizer
+    from clawr1.model_path import load_tokenizer, resolve_model_path
 
     setup_logging("judge")
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(cfg.model))
+    tokenizer = load_tokenizer(cfg.model, resolve_model_path(cfg.model))
     judge = Judge(cfg, tokenizer)
 
     async def run() -> None:

@@ -27,9 +27,9 @@ from typing import Callable, Optional
 
 import torch
 
-from clawr1.chat import CHATML_JINJA, END_OF_TEXT, IM_END, IM_START, ChatRenderer, render_text
 from clawr1.config import TinyModelConfig
 from clawr1.runtime import die_with_parent, load_object
+from clawr1.tinymodel.chatml import CHATML_JINJA, END_OF_TEXT, IM_END, IM_START, encode_for_training, render_text
 
 # bump when the build procedure changes, to invalidate caches (3: the tokenizer trains as it loads; 4: built in a
 # pinned process, its weights' sha256 recorded)
@@ -152,8 +152,7 @@ def _batches(examples: list[tuple[list[int], list[int]]], batch_size: int, steps
 def warm_start(model: torch.nn.Module, tokenizer, convs: list[Conversation],
                cfg: TinyModelConfig) -> list[float]:
     """Supervised pass on assistant tokens; returns the loss curve (one value per 100 steps)."""
-    renderer = ChatRenderer(tokenizer)
-    examples = [renderer.encode_for_training(msgs, tools) for msgs, tools in convs]
+    examples = [encode_for_training(tokenizer, msgs, tools) for msgs, tools in convs]
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, weight_decay=0.01)
     warmup = max(1, cfg.sft_steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(

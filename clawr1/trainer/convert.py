@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-SUPPORTED = ("qwen2", "qwen3", "llama")
+from clawr1.model_path import SUPPORTED_FAMILIES
+
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,8 @@ class ArchSpec:
     @classmethod
     def from_hf(cls, cfg) -> "ArchSpec":
         family = cfg.model_type
-        if family not in SUPPORTED:
-            raise ValueError(f"model_type {family!r} is not supported; supported: {', '.join(SUPPORTED)}")
+        if family not in SUPPORTED_FAMILIES:
+            raise ValueError(f"model_type {family!r} is not supported; supported: {', '.join(SUPPORTED_FAMILIES)}")
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         rope = getattr(cfg, "rope_parameters", None) or {}
         theta = rope.get("rope_theta") if isinstance(rope, dict) else None

@@ -94,9 +94,10 @@ def test_multi_turn_tool_episode_is_token_exact_through_the_gateway(stack):
     first, second = records[0], records[1]
     # the second prompt is the first prompt, the exact sampled ids, and only the new messages (tool results or the nudge)
     sampled = first.prompt_ids + first.response_ids
-    if first.response_ids[-1] != renderer.im_end_id:
-        sampled += [renderer.im_end_id]  # a reply cut at max_tokens is closed by the template
+    if first.response_ids[-1] not in renderer.end_ids:
+        sampled += [renderer.turn_end_id]  # a reply cut at max_tokens is closed by the template
     assert second.prompt_ids[: len(sampled)] == sampled
     new = second.messages[len(first.messages) + 1:]
-    assert new and second.prompt_ids[len(sampled):] == renderer.newline_ids + renderer.encode_messages(new)
+    reply = second.messages[len(first.messages)]
+    assert new and second.prompt_ids[len(sampled):] == renderer.encode(renderer.continuation_text(reply, new, first.tools))
     assert records[-1].next_state.kind == "outcome" and records[-1].next_state.reward == 1.0

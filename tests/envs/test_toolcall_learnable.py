@@ -3,7 +3,7 @@ from collections import Counter
 
 import pytest
 
-from clawr1.chat import render_text
+from clawr1.tinymodel.chatml import render_text
 from envs.toolcall.learnable import (SYSTEM_PROMPT, TOOLS, UNITS, call_tool, grade, right_call, solved_conversation,
                                      split_tasks, warmstart_conversations)
 

@@ -60,7 +60,7 @@ def test_tool_call_round_trip_with_the_official_client(stack):
     # the tool-call turn trains on its exact sampled ids; the next prompt extends them with the tool result only
     assert first.prompt_ids == renderer.encode_messages(msgs[:2], tools=[t for t in TOOLS])
     assert first.next_state.kind == "tool" and "<tool_response>" not in first.next_state.text
-    tail = renderer.newline_ids + renderer.encode_messages(msgs[3:])
+    tail = renderer.encode(renderer.continuation_text(msgs[2], msgs[3:], tools=TOOLS))
     assert second.prompt_ids == first.prompt_ids + first.response_ids + tail
     assert breaks == 0
 
@@ -180,7 +180,7 @@ def test_session_id_header_and_error_shape_of_both_routes(stack):
 
 def _expected_logprobs(record, renderer) -> list[float]:
     """The recorded (sampled) log-probs of the content tokens: the stop token is not content."""
-    stop = {renderer.im_end_id, renderer.end_of_text_id}
+    stop = renderer.end_ids
     return [lp for t, lp in zip(record.response_ids, record.rollout_logprobs) if t not in stop]
 
 

@@ -43,7 +43,7 @@ def test_two_turn_session_records_exact_sampled_tokens(stack):
     assert first.prompt_ids == renderer.encode_messages(msgs[:2])
     assert first.next_state.kind == "user" and first.next_state.text == "No. Please put the answer in <ans> tags."
     # token-in/token-out: the second prompt extends the first prompt and the exact sampled response
-    tail = renderer.newline_ids + renderer.encode_messages(msgs[3:])
+    tail = renderer.encode(renderer.continuation_text(msgs[2], msgs[3:]))
     assert second.prompt_ids == first.prompt_ids + first.response_ids + tail
     assert second.next_state.kind == "outcome" and second.next_state.reward == 1.0
     assert renderer.tokenizer.decode(first.response_ids, skip_special_tokens=True) == answer

@@ -31,7 +31,7 @@ def one_turn(gw: Gateway, rng: random.Random, sid: str, histories: dict[str, lis
     replies = []
     for _ in range(rng.choice((1, 1, 1, 2, 3))):
         response = [rng.randrange(10, 500) for _ in range(rng.randint(1, 30))]
-        record = TurnRecord(session_id=sid, turn_index=session.turns, prompt_ids=prompt, response_ids=response,
+        record = TurnRecord(session_id=sid, turn_index=session.turns, prompt_ids=prompt.ids, response_ids=response,
                             rollout_logprobs=[-1.0] * len(response), versions=[0] * len(response), messages=messages)
         session.turns += 1
         replies.append(({"role": "assistant", "content": f"answer {len(replies)}"}, response, record))

@@ -7,7 +7,7 @@ import httpx
 import pytest
 import torch
 
-from clawr1.chat import IM_END
+from clawr1.tinymodel.chatml import IM_END
 
 ENGINE_OVERRIDES = ("serve.max_running_requests=8",)
 

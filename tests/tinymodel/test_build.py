@@ -9,7 +9,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from clawr1.chat import END_OF_TEXT, IM_END
+from clawr1.tinymodel.chatml import END_OF_TEXT, IM_END
 from clawr1.config import TinyModelConfig
 from clawr1.tinymodel.build import (REFERENCE_SHA256, REFERENCE_TORCH, SPECIAL_TOKENS, build_model, ensure_tiny_model,
                                    saved_tokenizer, train_tokenizer, weights_sha256, x86_64_with_avx2)
