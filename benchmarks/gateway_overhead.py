@@ -10,7 +10,10 @@ median of the per-pair differences, the gateway's own work per request as it mea
 it (request time minus time awaiting the engine), and the gateway process's CPU time
 per request (from /proc, Linux).
 
-Usage: python benchmarks/gateway_overhead.py [--requests 500] [--rounds 5] [--max-tokens 4]
+Usage: python benchmarks/gateway_overhead.py [--requests 500] [--rounds 5] [--max-tokens 4] [--model DIR]
+
+--model: an HF model directory (default: the tiny model), e.g. a tiny Qwen3 from
+`python -m clawr1.tinymodel.family qwen3 DIR`, to time the renderer on a real model's template.
 """
 from __future__ import annotations
 
@@ -71,13 +74,14 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=500, help="measured pairs in all")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=4)
+    ap.add_argument("--model", default="", help="an HF model directory; default: the tiny model")
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
     from clawr1.model_path import resolve_model_path
 
     with tempfile.TemporaryDirectory() as d:
-        cfg = local_config(Path(d))
+        cfg = local_config(Path(d), *([f"model.path={args.model}"] if args.model else []))
         prompt = ChatRenderer(AutoTokenizer.from_pretrained(resolve_model_path(cfg.model))).encode_messages(MESSAGES)
         procs = [LoopProcess(cfg, "serve"), LoopProcess(cfg, "gateway")]
         try:
@@ -119,7 +123,7 @@ def main() -> None:
     direct = [x for _, e in rounds for x in e]
     added_by_round = [percentile(g, 0.5) - percentile(e, 0.5) for g, e in rounds]
     print(json.dumps({
-        "benchmark": "gateway_overhead", "requests": measured, "rounds": args.rounds, "max_tokens": args.max_tokens,
+        "benchmark": "gateway_overhead", "model": args.model or "tiny", "requests": measured, "rounds": args.rounds, "max_tokens": args.max_tokens,
         "gateway_p50_ms": round(percentile(gw, 0.5), 2), "gateway_p99_ms": round(percentile(gw, 0.99), 2),
         "direct_p50_ms": round(percentile(direct, 0.5), 2), "direct_p99_ms": round(percentile(direct, 0.99), 2),
         "added_p50_ms": round(statistics.median(added_by_round), 2),

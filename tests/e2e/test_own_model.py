@@ -74,6 +74,14 @@ def test_a_model_from_a_directory_serves_the_openai_client_and_trains(family_mod
         reasoning, content, calls, finish = plain
         assert calls == [("add", {"a": 1, "b": 2})] and finish == "tool_calls" and content == ""
         assert reasoning == ("The user wants a sum." if family == "qwen3" else "")
+        renderer = ChatRenderer(AutoTokenizer.from_pretrained(model_dir))
+        if family == "qwen3":  # chat_template_kwargs reach the template: thinking off adds an empty think block
+            ask = dict(model="m", messages=QUESTION, max_tokens=1)
+            on = c.chat.completions.create(**ask).usage.prompt_tokens
+            off = c.chat.completions.create(**ask, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+            assert off.usage.prompt_tokens - on == len(renderer.encode_text("<think>\n\n</think>\n\n"))
+            with pytest.raises(openai.BadRequestError, match="tokenize"):
+                c.chat.completions.create(**ask, extra_body={"chat_template_kwargs": {"tokenize": True}})
 
         users = client(url, "--users", "4")
         try:
@@ -87,7 +95,6 @@ def test_a_model_from_a_directory_serves_the_openai_client_and_trains(family_mod
 
         # a served turn, sampled at temperature 1, and the published weights of the version that served it
         cfg = load_config(run_dir / "config.yaml")
-        renderer = ChatRenderer(AutoTokenizer.from_pretrained(model_dir))
         prompt = renderer.encode_messages(QUESTION)
         served = httpx.post(f"{cfg.engine_url}/generate", json={
             "input_ids": prompt, "sampling_params": {"max_new_tokens": 24, "temperature": 1.0, "sampling_seed": 7},
