@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from clawr1 import chat
-from clawr1.chat import ChatRenderer, ChatTemplateError, sampled_text, template_breaking_shapes
+from clawr1.chat import ChatRenderer, ChatTemplateError, template_breaking_shapes
 from clawr1.gateway.sessions import SessionStore, canonical
 from clawr1.protocol import TurnRecord
 from tests.chat_corpus import corpus

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import AsyncIterator, Awaitable, Callable, Optional, Sequence
 
 from clawr1 import bus, protocol
-from clawr1.chat import ChatRenderer, ChatTemplateError, Prompt
+from clawr1.chat import ChatRenderer, ChatTemplateError
 from clawr1.config import Config
 from clawr1.engine_api.client import EngineError, Generation, joined
 from clawr1.gateway.ingest import IngestLedger, content_id, logged_turns
