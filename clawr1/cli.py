@@ -71,6 +71,10 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("out_dir", nargs="?", help="also copy the model here")
     m.add_argument("--config", help="config YAML whose model.tiny section to use")
     m.add_argument("overrides", nargs="*")
+    mo = sub.add_parser("model", help="a real model as an HF directory in the model cache (no model hub)")
+    mo.add_argument("action", choices=("get", "import"), help="get NAME (a known model) | import FILE.gguf")
+    mo.add_argument("what", help="smollm2-135m-instruct, or a .gguf file")
+    mo.add_argument("--config", help="config YAML whose model.cache_dir to use")
     return p
 
 
@@ -102,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
             return ingest_main(args)
         if args.command == "init-model":
             return _init_model(args)
+        if args.command == "model":
+            return _model(args)
         if args.command == "report":
             from clawr1.report import report
 
@@ -162,6 +168,19 @@ def _init_model(args) -> int:
     if args.out_dir:
         shutil.copytree(path, args.out_dir, dirs_exist_ok=True)
         path = Path(args.out_dir)
+    print(path)
+    return 0
+
+
+def _model(args) -> int:
+    from clawr1.model_import import ModelImportError, get_model, import_gguf
+
+    cache = Path(load_config(args.config, args.overrides).model.cache_dir).expanduser()
+    try:
+        path = get_model(args.what, cache) if args.action == "get" else import_gguf(Path(args.what), cache)
+    except ModelImportError as e:
+        print(f"clawr1 model: {e}", file=sys.stderr)
+        return 2
     print(path)
     return 0
 

@@ -73,7 +73,10 @@ class ModelConfig(Section):
     # an HF model directory (config.json, safetensors, tokenizer with its chat template); empty means the tiny
     # model (built on first use). README, "Bring your own model"
     path: str = ""
-    cache_dir: str = "~/.cache/clawr1"  # where the tiny model is cached
+    # a known real model (`clawr1 model get NAME`: smollm2-135m-instruct), fetched and converted into the cache on
+    # first use; used when path is empty
+    name: str = ""
+    cache_dir: str = "~/.cache/clawr1"  # where the tiny model, tokenizers and converted models are cached
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
     # a Jinja file to render with instead of the template the tokenizer ships; empty: the model's own
     chat_template: str = ""
@@ -129,6 +132,11 @@ class ServeConfig(Section):
     port: Port = 0  # 0: `clawr1 run` picks a free port
     num_threads: PositiveInt = 1  # torch threads for the embedded engine
     max_running_requests: PositiveInt = 32
+    # tokens per request (prompt + reply) the embedded engine's KV cache holds; 0: the smaller of the model's
+    # maximum and 4,096 (clawr1/serving/memory.py). The gateway refuses longer prompts with a 400.
+    context_length: NonNegativeInt = 0
+    # the embedded engine refuses to start when weights + KV cache exceed this; 0: the memory available
+    memory_budget_gb: NonNegativeFloat = 0.0
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     num_engines: PositiveInt = 1  # `clawr1 run` starts this many engines (ports serve.port, extra_ports...)
     extra_ports: list[Port] = Field(default_factory=list)  # ports of engines 2..n (filled by `clawr1 run`)

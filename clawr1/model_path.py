@@ -9,6 +9,7 @@ from typing import Any
 from clawr1.config import ModelConfig
 
 SUPPORTED_FAMILIES = ("qwen2", "qwen3", "llama")  # config.json's model_type; the trainer converts these
+CPU_DEFAULT_CONTEXT = 4096  # the embedded engine's tokens per request when serve.context_length is 0
 
 
 class ModelDirError(ValueError):
@@ -16,11 +17,19 @@ class ModelDirError(ValueError):
 
 
 def resolve_model_path(model_cfg: ModelConfig) -> Path:
-    """model.path when set (checked: see `check_model_dir`); else the cached tiny model, built on first use."""
+    """model.path when set (checked: see `check_model_dir`); else model.name's converted directory; else the
+    cached tiny model, built on first use."""
     if model_cfg.path:
         path = Path(model_cfg.path).expanduser()
         check_model_dir(path, model_cfg.chat_template)
         return path
+    if model_cfg.name:
+        from clawr1.model_import import ModelImportError, get_model
+
+        try:
+            return get_model(model_cfg.name, Path(model_cfg.cache_dir).expanduser())
+        except ModelImportError as e:
+            raise ModelDirError(f"model.name {model_cfg.name}: {e}") from None
     from clawr1.tinymodel.build import ensure_tiny_model
 
     return ensure_tiny_model(model_cfg.tiny, Path(model_cfg.cache_dir).expanduser())
@@ -77,6 +86,14 @@ def _largest_token_id(tokenizer_json: Path) -> int | None:
         (data.get("model") or {}).get("vocab"), dict) else []
     ids += [t["id"] for t in data.get("added_tokens", [])]
     return max(ids) if ids else None
+
+
+def engine_context(model_max: int, configured: int) -> int:
+    """The embedded engine's context: serve.context_length, or (0) the smaller of the model's maximum and
+    CPU_DEFAULT_CONTEXT."""
+    if configured:
+        return configured
+    return min(model_max or CPU_DEFAULT_CONTEXT, CPU_DEFAULT_CONTEXT)
 
 
 def load_tokenizer(model_cfg: ModelConfig, path: Path) -> Any:

@@ -14,7 +14,7 @@ from tests.conftest import REPO
 
 LOOPS = ("gateway", "serving", "rollout", "judge", "pool", "trainer")
 GROUND_FLOOR = ("protocol", "bus", "config", "chat", "engine_api", "runtime", "tracking", "algo", "model_path",
-                "environment", "record_log", "chat_client", "tinymodel")
+                "environment", "record_log", "chat_client", "tinymodel", "tokenizer_packages", "model_import")
 
 
 def imported_modules(path: Path) -> set[str]:

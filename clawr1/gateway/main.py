@@ -11,7 +11,7 @@ from clawr1.gateway.app import check_exposure, create_app
 from clawr1.chat import template_breaking_shapes
 from clawr1.gateway.service import Gateway
 from clawr1.runtime import freeze_startup_objects, resolve_api_key, setup_logging
-from clawr1.model_path import load_tokenizer, resolve_model_path
+from clawr1.model_path import engine_context, load_tokenizer, resolve_model_path
 
 log = logging.getLogger("clawr1.gateway")
 
@@ -38,7 +38,9 @@ def main(cfg: Config) -> int:
     model_config = AutoConfig.from_pretrained(model_path)
     gateway = Gateway(cfg, tokenizer, judge_addr=cfg.judge_turns_addr, model_type=model_config.model_type,
                       end_ids=model_end_ids(model_path, model_config))
-    gateway.max_context = getattr(model_config, "max_position_embeddings", 0) or 0
+    model_max = getattr(model_config, "max_position_embeddings", 0) or 0
+    gateway.max_context = (cfg.serve.sglang.context_length or model_max if cfg.serve.backend == "sglang"
+                           else engine_context(model_max, cfg.serve.context_length))
     log.info("chat template: tool calls %s, reasoning %s; not prefix-stable for: %s", gateway.tool_call_format,
              "parsed" if gateway.parses_reasoning else "not parsed",
              ", ".join(template_breaking_shapes(gateway.renderer)) or "nothing probed")

@@ -57,9 +57,16 @@ class ParsedOutput:
     malformed: int = 0  # tool calls that did not parse (left in the content)
 
 
-def default_tool_call_format(model_type: str) -> str:
-    """The format a family's chat template teaches: Llama's JSON for llama, Hermes blocks otherwise."""
-    return "llama3_json" if model_type == "llama" else "hermes"
+def default_tool_call_format(model_type: str, chat_template: str = "") -> str:
+    """The format the chat template teaches: Hermes when it writes <tool_call> blocks, Llama 3's JSON when it
+    is Llama 3's (header ids, python tag); else by family (a Llama-architecture model with a ChatML template,
+    such as SmolLM2, writes Hermes blocks)."""
+    template = chat_template or ""
+    if HERMES_OPEN in template:
+        return "hermes"
+    if "<|start_header_id|>" in template or PYTHON_TAG in template:
+        return "llama3_json"
+    return "llama3_json" if model_type == "llama" and not template else "hermes"
 
 
 def split_reasoning(text: str) -> tuple[str, str]:

@@ -124,7 +124,7 @@ class Gateway:
         self.run_dir = cfg.run_dir
         self.renderer = ChatRenderer(tokenizer, cfg.model.chat_template_kwargs)
         fmt = cfg.model.tool_call_format
-        self.tool_call_format = default_tool_call_format(model_type) if fmt == "auto" else fmt
+        self.tool_call_format = default_tool_call_format(model_type, tokenizer.chat_template) if fmt == "auto" else fmt
         think = cfg.model.reasoning_format
         self.parses_reasoning = "<think>" in tokenizer.get_vocab() if think == "auto" else think == "think"
         self.token_text = TokenText(tokenizer)
@@ -147,7 +147,7 @@ class Gateway:
         self._tasks: list[asyncio.Task] = []
         self.eos_ids = set(self.renderer.end_ids) | set(end_ids)
         self.weight_version = 0  # the newest version that produced a token served here
-        self.max_context = 0  # the model's context length, when known (gateway main reads it from the model config)
+        self.max_context = 0  # the engine's context length, when known (gateway main works it out from the config)
         self.run_status = RunStatus(self.run_dir)
         self.ingest_ledger: Optional[IngestLedger] = None  # opened on first use (a run that ingests nothing has none)
         self.metrics_writer: Optional[MetricsWriter] = None  # from start(): the gateway's records in metrics.jsonl
@@ -275,6 +275,9 @@ class Gateway:
         if len(prompt) > self.cfg.max_prompt_tokens:
             raise GatewayError(400, f"the conversation is {len(prompt)} tokens; the limit is {self.cfg.max_prompt_tokens}",
                                code="context_length_exceeded")
+        if self.max_context and len(prompt) >= self.max_context:
+            raise GatewayError(400, f"the conversation is {len(prompt)} tokens; the engine's context is "
+                                    f"{self.max_context} (serve.context_length)", code="context_length_exceeded")
         return prompt
 
     async def _generate(self, key: str, prompt: list[int], params: dict, top_k: int = 0) -> Generation:

@@ -9,6 +9,7 @@ import uvicorn
 from clawr1.config import Config
 from clawr1.runtime import freeze_startup_objects, setup_logging
 from clawr1.serving.engine import Engine
+from clawr1.serving.memory import GIB, EngineMemoryError, check_fits, plan_engine
 from clawr1.serving.server import create_app
 from clawr1.model_path import resolve_model_path
 
@@ -23,8 +24,16 @@ def main(cfg: Config) -> int:
 
         return serve_sglang(cfg, str(path))
     torch.set_num_threads(cfg.serve.num_threads)
-    engine = Engine(path, dtype=cfg.serve.dtype, max_running=cfg.serve.max_running_requests)
-    log.info("engine on %s serving %s", cfg.engine_url, path)
+    s = cfg.serve
+    plan = plan_engine(path, s.dtype, s.max_running_requests, s.context_length)
+    try:
+        check_fits(plan, s.memory_budget_gb)
+    except EngineMemoryError as e:
+        log.error("%s", e)
+        return 2
+    engine = Engine(path, dtype=s.dtype, max_running=s.max_running_requests, max_context=plan.context)
+    log.info("engine on %s serving %s (%d requests x %d tokens; weights %.2f GiB + KV cache %.2f GiB)", cfg.engine_url,
+             path, plan.slots, plan.context, plan.weights_bytes / GIB, plan.kv_cache_bytes / GIB)
     freeze_startup_objects()
     try:
         uvicorn.run(create_app(engine), host=cfg.serve.host, port=cfg.serve.port, log_level="warning", loop="uvloop", http="httptools",

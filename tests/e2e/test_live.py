@@ -26,12 +26,13 @@ TRAIN_STEPS = 150  # the issue's ~150 steps; at the live recipe's lr 1e-4 one ru
 
 
 class LiveRun:
-    """A `clawr1 run recipes/live/cpu.yaml` process; its output lines are read as they come."""
+    """A `clawr1 run recipes/live/cpu.yaml` (or another live recipe) process; its output lines are read as they
+    come."""
 
-    def __init__(self, run_dir: Path, *extra: str):
+    def __init__(self, run_dir: Path, *extra: str, recipe: str = "recipes/live/cpu.yaml"):
         self.port = free_port()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "clawr1.cli", "run", "recipes/live/cpu.yaml", f"run.dir={run_dir}",
+            [sys.executable, "-m", "clawr1.cli", "run", recipe, f"run.dir={run_dir}",
              f"gateway.port={self.port}", *extra], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self.lines: list[str] = []

