@@ -63,13 +63,14 @@ def served_turn(engine_url: str, prompt: list[int], max_new_tokens: int, tries: 
     raise AssertionError(f"no turn of {tries} came from a single weight version")
 
 
-def hf_logprobs(model_dir, prompt: list[int], response: list[int]) -> list[float]:
-    """Log-probs in fp32 throughout, as the engine takes them (fp32's log-softmax over a 150k vocabulary is
-    itself ~6e-5 from fp64's on this model, so both sides must round alike)."""
+def hf_logprobs(model_dir, prompt: list[int], response: list[int], dtype: str = "float32") -> list[float]:
+    """Log-probs of the response under the HF model, computed in `dtype` throughout (fp32, as the engine takes
+    them: fp32's log-softmax over a 150k vocabulary is itself ~6e-5 from fp64's on the tiny Qwen3, so both sides
+    must round alike)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
     with torch.no_grad():
         logits = model(torch.tensor([prompt + response])).logits[0, len(prompt) - 1:-1]
     return logits.log_softmax(-1).gather(1, torch.tensor(response)[:, None])[:, 0].tolist()
