@@ -135,11 +135,6 @@ class ChatRenderer:
                         tools: Optional[Sequence[dict]] = None, template_kwargs: Optional[dict] = None) -> list[int]:
         return self.encode(self.render(messages, tools, add_generation_prompt, template_kwargs))
 
-    def prompt(self, messages: Sequence[dict], tools: Optional[Sequence[dict]] = None,
-               template_kwargs: Optional[dict] = None) -> Prompt:
-        text = self.render(messages, tools, True, template_kwargs)
-        return Prompt(self.encode(text), text)
-
     # ------------------------------------------------------------ pieces of a conversation
     def continuation_text(self, reply: dict, new: Sequence[dict], tools: Optional[Sequence[dict]] = None,
                           template_kwargs: Optional[dict] = None) -> str:

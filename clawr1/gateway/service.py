@@ -383,6 +383,15 @@ class Gateway:
             async def one(i: int) -> None:
                 splitter = StreamSplitter(turn.parse_tools, self.tool_call_format, self.parses_reasoning)
                 sent, last, reported = "", None, 0  # text sent, last partial result, tokens whose log-probs went out
+
+                def delta(reasoning: str, content: str) -> tuple:
+                    """The new text, and the tool calls completed since the last delta (each goes out once)."""
+                    nonlocal calls_out
+                    new_calls = list(enumerate(splitter.calls))[calls_out:]
+                    calls_out = len(splitter.calls)
+                    return reasoning, content, new_calls
+
+                calls_out = 0
                 try:
                     async for partial in self._stream(turn.key, turn.prompt, self._sampling_params(req, i), _top_k(req)):
                         last = partial
@@ -393,34 +402,28 @@ class Gateway:
                         sent = text
                         logprobs = self._logprobs(req, partial, reported)
                         reported = len(partial.output_ids)
-                        await queue.put(("delta", i, (reasoning, content), logprobs))
-                        await queue.put(("calls", i, splitter, None))
-                    reasoning, content = splitter.finish()
-                    await queue.put(("delta", i, (reasoning, content), self._logprobs(req, last, reported)))
-                    await queue.put(("calls", i, splitter, None))
+                        await queue.put(("delta", i, delta(reasoning, content), logprobs))
+                    await queue.put(("delta", i, delta(*splitter.finish()), self._logprobs(req, last, reported)))
                     finals[i] = self._choice(i, last, turn.parse_tools)
                     await queue.put(("done", i, finals[i], splitter))
                 except GatewayError as e:
                     await queue.put(("error", i, e, None))
 
             tasks = [asyncio.create_task(one(i)) for i in range(req.n)]
-            calls_sent = [0] * req.n
             try:
                 yield _sse(chunk(turn.cid, model, [{"index": i, "delta": {"role": "assistant", "content": ""},
                                                     "finish_reason": None} for i in range(req.n)]))
                 running = req.n
                 while running:
                     kind, i, a, b = await queue.get()
-                    if kind == "calls":  # each tool call goes out as soon as it is complete
-                        for j in range(calls_sent[i], len(a.calls)):
-                            yield _sse(chunk(turn.cid, model, [{"index": i, "delta": {"tool_calls": [
-                                a.calls[j].openai(index=j)]}, "finish_reason": None}]))
-                        calls_sent[i] = len(a.calls)
-                    elif kind == "delta":
-                        delta = {k: v for k, v in (("reasoning_content", a[0]), ("content", a[1])) if v}
-                        if delta or (b and b["content"]):
-                            yield _sse(chunk(turn.cid, model, [{"index": i, "delta": delta, "logprobs": b,
+                    if kind == "delta":
+                        text = {k: v for k, v in (("reasoning_content", a[0]), ("content", a[1])) if v}
+                        if text or (b and b["content"]):
+                            yield _sse(chunk(turn.cid, model, [{"index": i, "delta": text, "logprobs": b,
                                                                 "finish_reason": None}]))
+                        for j, call in a[2]:  # each tool call goes out as soon as it is complete
+                            yield _sse(chunk(turn.cid, model, [{"index": i, "delta": {"tool_calls": [
+                                call.openai(index=j)]}, "finish_reason": None}]))
                     elif kind == "done":
                         running -= 1
                         yield _sse(chunk(turn.cid, model, [{"index": i, "delta": {}, "finish_reason": a.finish_reason()}],

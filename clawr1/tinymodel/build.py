@@ -28,7 +28,7 @@ from typing import Callable, Optional
 import torch
 
 from clawr1.config import TinyModelConfig
-from clawr1.runtime import die_with_parent, load_object
+from clawr1.runtime import die_with_parent, file_sha256, load_object
 from clawr1.tinymodel.chatml import CHATML_JINJA, END_OF_TEXT, IM_END, IM_START, encode_for_training, render_text
 
 # bump when the build procedure changes, to invalidate caches (3: the tokenizer trains as it loads; 4: built in a
@@ -200,7 +200,7 @@ def build_tiny_model(cfg: TinyModelConfig, out_dir: Path, conversations: Convers
 
 
 def weights_sha256(model_dir: Path) -> str:
-    return hashlib.sha256((model_dir / "model.safetensors").read_bytes()).hexdigest()
+    return file_sha256(model_dir / "model.safetensors")
 
 
 def x86_64_with_avx2() -> bool:
