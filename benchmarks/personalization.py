@@ -1,9 +1,10 @@
 """The personalization benchmark: recipes x seeds x users x judge accuracies, with the spread.
 
     python benchmarks/personalization.py --recipes binary_rl,opd,combined --seeds 3 --profiles 0,1 \\
-        --judge-accuracy 1.0,0.8,0.7 [--out runs/personalization] [--steps 150] [--only-finished] [override ...]
+        --judge-accuracy 1.0,0.8,0.7 [--out runs/personalization] [--steps 150] [--only-finished] \\
+        [--recipe-file cpu.yaml] [override ...]
 
-Runs `clawr1 run recipes/<recipe>/cpu.yaml` once per configuration, one after another (a finished
+Runs `clawr1 run recipes/<recipe>/<recipe-file>` once per configuration, one after another (a finished
 run, one with a summary.json, is kept and not run again, so the command can be resumed). A judge of
 accuracy a flips each score with probability 1 - a (judge.score_noise). Per recipe x accuracy x user
 it reports the mean and standard deviation over seeds of the final held-out score and of the area
@@ -30,11 +31,12 @@ def run_dir(out: Path, recipe: str, accuracy: float, profile: int, seed: int) ->
     return out / f"acc{accuracy:g}" / f"p{profile}" / f"{recipe}-s{seed}"
 
 
-def run_one(path: Path, recipe: str, accuracy: float, profile: int, seed: int, steps: int, extra: list[str]) -> float:
+def run_one(path: Path, recipe: str, accuracy: float, profile: int, seed: int, steps: int, extra: list[str],
+            recipe_file: str = "cpu.yaml") -> float:
     if (path / "summary.json").exists():
         return 0.0
     t0 = time.monotonic()
-    cmd = [sys.executable, "-m", "clawr1.cli", "run", f"recipes/{recipe}/cpu.yaml", f"run.dir={path}",
+    cmd = [sys.executable, "-m", "clawr1.cli", "run", f"recipes/{recipe}/{recipe_file}", f"run.dir={path}",
            f"run.seed={seed}", f"run.max_steps={steps}", f"rollout.env_args.profile_seed={profile}",
            f"judge.score_noise={1 - accuracy:g}", "--overwrite", *extra]
     with open(path.parent / f"{path.name}.out", "w") as log:
@@ -83,6 +85,7 @@ def main() -> int:
     p.add_argument("--judge-accuracy", default="1.0,0.8,0.7")
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--out", default="runs/personalization")
+    p.add_argument("--recipe-file", default="cpu.yaml", help="e.g. cpu_smollm2.yaml: the real model's recipes")
     p.add_argument("--only-finished", action="store_true",
                    help="run nothing: summarize the configurations whose runs have all finished")
     p.add_argument("overrides", nargs="*", help="for every run, e.g. algo.opd_center=sample")
@@ -105,7 +108,7 @@ def main() -> int:
                 for seed in range(1, args.seeds + 1):
                     path = run_dir(out, recipe, accuracy, profile, seed)
                     path.parent.mkdir(parents=True, exist_ok=True)
-                    took = run_one(path, recipe, accuracy, profile, seed, args.steps, args.overrides)
+                    took = run_one(path, recipe, accuracy, profile, seed, args.steps, args.overrides, args.recipe_file)
                     final, area = scores(path)
                     finals.append(final)
                     areas.append(area)

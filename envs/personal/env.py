@@ -21,7 +21,7 @@ from typing import Any
 from clawr1.environment import ChatClient
 from envs.personal.llm_user import LlmUser
 from envs.personal.phrases import MOVE_ON, REASK, STILL_WRONG, SYSTEM_PROMPT
-from envs.personal.preferences import KINDS, OPTIONS, Style, directive_text, violations
+from envs.personal.preferences import KINDS, OPTIONS, READERS, Style, directive_text, violations
 from envs.personal.questions import heldout_questions, train_question
 from envs.personal.teacher_probe import probe
 
@@ -40,8 +40,13 @@ class PersonalEnvConfig:
     # at every evaluation also measure the teacher (teacher_probe.py: hint uptake and signal quality per kind);
     # needs a client that can score responses (clawr1's gateway), skipped otherwise
     probe_teacher: bool = True
+    # how answers are read: "exact" (the tiny model's shapes only) or "free_text" (a part counts wherever it
+    # appears: for pretrained models, which answer in their own words; preferences.read_free_text)
+    reader: str = "exact"
 
     def __post_init__(self) -> None:
+        if self.reader not in READERS:
+            raise ValueError(f"personal env: reader must be one of {list(READERS)}, got {self.reader!r}")
         unknown = [k for k in self.kinds if k not in KINDS]
         if unknown or not self.kinds:
             raise ValueError(f"personal env: kinds must be a non-empty subset of {list(KINDS)}, got {self.kinds}")
@@ -59,6 +64,7 @@ class PersonalEnv:
     def __init__(self, args: dict[str, Any], seed: int = 0):
         self.cfg = PersonalEnvConfig(**args)
         self.profile = make_profile(self.cfg.profile_seed, self.cfg.kinds)
+        self.read = READERS[self.cfg.reader]
         self.eval_metrics = ("personalization_score", *(f"pref_{kind}" for kind in self.profile))
         self.seed = seed
         c = self.cfg
@@ -79,7 +85,7 @@ class PersonalEnv:
                 messages.append({"role": "user", "content": next_user})
                 answer = (await client.chat(session_id, messages)).content
                 messages.append({"role": "assistant", "content": answer})
-                wrong = violations(answer, self.profile)
+                wrong = violations(answer, self.profile, self.read)
                 satisfied = not wrong
                 if tries == 0:
                     first_ok += satisfied
@@ -97,7 +103,7 @@ class PersonalEnv:
                 prefix = "" if satisfied else STILL_WRONG.format(directive=directive_text(wrong)) + " "
                 next_user = await self._say("move_on", prefix + rng.choice(MOVE_ON).format(q=question.text), answer)
         await client.complete(session_id, reward=1.0 if satisfied else -1.0,
-                              text="" if satisfied else directive_text(violations(answer, self.profile)))
+                              text="" if satisfied else directive_text(violations(answer, self.profile, self.read)))
         n = self.cfg.questions_per_session
         return {"first_try_ok": first_ok / n, "corrections": corrections, "reasks": reasks}
 
@@ -124,10 +130,10 @@ class PersonalEnv:
 
         questions = heldout_questions(n, self.seed)
         answers = await asyncio.gather(*(first_response(i, q.text) for i, q in enumerate(questions)))
-        wrong = [violations(a, self.profile) for a in answers]
+        wrong = [violations(a, self.profile, self.read) for a in answers]
         out: dict[str, Any] = {"personalization_score": sum(not w for w in wrong) / n}
         out.update({f"pref_{kind}": sum(kind not in w for w in wrong) / n for kind in self.profile})
         if self.cfg.probe_teacher and hasattr(client, "score"):
             out.update(await probe(client, [q.text for q in questions], answers, self.profile, session_prefix,
-                                   self.seed * 100_003))
+                                   self.seed * 100_003, self.read))
         return out

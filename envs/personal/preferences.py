@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
+from typing import Callable
 
 UNIT_WORDS = {
     "km": "kilometers", "m": "meters", "cm": "centimeters", "kg": "kilograms",
@@ -135,7 +136,38 @@ def parse_style(text: str) -> Style:
     return style
 
 
-def violations(text: str, profile: Style) -> Style:
+_SYMBOL_UNIT = re.compile(r"\d\s?(" + "|".join(UNIT_WORDS) + r")\b")
+_WORD_UNIT = re.compile(r"\d\s?((kilo|centi)?met(er|re)s?|(kilo)?grams?|lit(er|re)s?|hours?|minutes?)\b", re.IGNORECASE)
+
+
+def read_free_text(text: str) -> Style:
+    """Which option of each kind a free-text answer shows, read leniently ('?' where it shows none or both).
+
+    For pretrained models, which answer in their own words ("3 km + 4 km = 7 km. So, the total is 7
+    kilometers."): a part counts wherever it appears. The tiny model's exact shapes read as parse_style reads them.
+    """
+    exact = parse_style(text)
+    if "?" not in exact.values():
+        return exact
+    text = text.strip()
+    lower = text.lower()
+    symbol, word = bool(_SYMBOL_UNIT.search(text)), bool(_WORD_UNIT.search(text))
+    return {
+        "tone": "sure" if lower.startswith("sure") else "certainly" if lower.startswith("certainly") else "none",
+        "closing": "thanks" if "hope this helps" in lower else "none",
+        "length": "explain" if re.search(r"\d\s?\+\s?\d", text) else "short",
+        "format": ("tags" if re.search(r"<ans>.*</ans>", text, re.DOTALL) else
+                   "sentence" if "the answer is" in lower else
+                   "plain" if re.fullmatch(rf"{_NUMBER_UNIT}\.?", text) else "?"),
+        "units": "symbol" if symbol and not word else "word" if word and not symbol else "?",
+    }
+
+
+Reader = Callable[[str], Style]
+READERS: dict[str, Reader] = {"exact": parse_style, "free_text": read_free_text}
+
+
+def violations(text: str, profile: Style, read: Reader = parse_style) -> Style:
     """The profile's options that the response does not show, by kind."""
-    shown = parse_style(text)
+    shown = read(text)
     return {kind: option for kind, option in profile.items() if shown.get(kind) != option}

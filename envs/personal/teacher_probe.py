@@ -23,7 +23,7 @@ import sys
 from typing import Any, Optional, Sequence
 
 from envs.personal.phrases import SYSTEM_PROMPT
-from envs.personal.preferences import Style, directive_text, violations
+from envs.personal.preferences import Reader, Style, directive_text, parse_style, violations
 
 
 def auc(scores: Sequence[float], labels: Sequence[bool]) -> Optional[float]:
@@ -36,10 +36,11 @@ def auc(scores: Sequence[float], labels: Sequence[bool]) -> Optional[float]:
     return wins / (len(pos) * len(neg))
 
 
-def uptake(plain: Sequence[str], hinted: Sequence[str], profile: Style) -> dict[str, float]:
+def uptake(plain: Sequence[str], hinted: Sequence[str], profile: Style,
+           read: Reader = parse_style) -> dict[str, float]:
     """Per kind: the satisfied rate with the hint minus the rate without it."""
     def rate(answers: Sequence[str], kind: str) -> float:
-        return sum(kind not in violations(a, profile) for a in answers) / max(len(answers), 1)
+        return sum(kind not in violations(a, profile, read) for a in answers) / max(len(answers), 1)
     out = {}
     for kind in profile:
         out[f"hinted_{kind}"] = rate(hinted, kind)
@@ -53,7 +54,7 @@ def hinted_message(question: str, hint: str) -> str:
 
 
 async def signal_quality(client: Any, questions: Sequence[str], answers: Sequence[str], profile: Style,
-                         concurrency: int = 8) -> dict[str, Optional[float]]:
+                         read: Reader = parse_style, concurrency: int = 8) -> dict[str, Optional[float]]:
     """Per kind: the AUC of the summed teacher - student gap as a satisfies-the-kind classifier."""
     slots = asyncio.Semaphore(concurrency)
 
@@ -68,12 +69,12 @@ async def signal_quality(client: Any, questions: Sequence[str], answers: Sequenc
         hint = directive_text({kind: option})
         teacher = await asyncio.gather(*(summed(q, a, hint) for q, a in zip(questions, answers)))
         gaps = [t - s for t, s in zip(teacher, student)]
-        out[f"auc_{kind}"] = auc(gaps, [kind not in violations(a, profile) for a in answers])
+        out[f"auc_{kind}"] = auc(gaps, [kind not in violations(a, profile, read) for a in answers])
     return out
 
 
 async def probe(client: Any, questions: Sequence[str], plain_answers: Sequence[str], profile: Style,
-                session_prefix: str, seed: int) -> dict[str, Optional[float]]:
+                session_prefix: str, seed: int, read: Reader = parse_style) -> dict[str, Optional[float]]:
     """Uptake and AUC per kind; `plain_answers` are the policy's answers to `questions` without a hint."""
     hint = directive_text(profile)
 
@@ -82,8 +83,8 @@ async def probe(client: Any, questions: Sequence[str], plain_answers: Sequence[s
         return (await client.chat(f"{session_prefix}-hinted-{i}", messages, side=True, seed=seed + i)).content
 
     hinted_answers = await asyncio.gather(*(hinted(i, q) for i, q in enumerate(questions)))
-    return {**uptake(plain_answers, hinted_answers, profile),
-            **await signal_quality(client, questions, plain_answers, profile)}
+    return {**uptake(plain_answers, hinted_answers, profile, read),
+            **await signal_quality(client, questions, plain_answers, profile, read)}
 
 
 def _main(argv: Optional[list[str]] = None) -> int:
@@ -96,10 +97,11 @@ def _main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--profile-seed", type=int, default=0)
     p.add_argument("--n", type=int, default=64, help="held-out questions")
     p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--reader", default="exact", help="how answers are read: exact (the tiny model) or free_text")
     args = p.parse_args(argv)
 
     async def go() -> dict:
-        env = PersonalEnv({"profile_seed": args.profile_seed, "probe_teacher": True})
+        env = PersonalEnv({"profile_seed": args.profile_seed, "probe_teacher": True, "reader": args.reader})
         chat = GatewayChat(args.base_url.rstrip("/").removesuffix("/v1"), None, "clawr1-policy", args.max_tokens, 1.0)
         try:
             return await env.evaluate(chat, args.n, "teacher-probe")

@@ -1,9 +1,12 @@
 import asyncio
 import random
 
+import pytest
+
 from clawr1.environment import AssistantTurn
 from envs.personal.env import PersonalEnv, make_profile
-from envs.personal.preferences import KINDS, OPTIONS, directive_text, parse_style, random_style, render_answer, violations
+from envs.personal.preferences import (KINDS, OPTIONS, directive_text, parse_style, random_style, read_free_text,
+                                      render_answer, violations)
 from envs.personal.questions import Question, heldout_questions, train_question
 
 
@@ -25,6 +28,33 @@ def test_violations_name_only_what_differs():
     profile = {"format": "tags", "units": "word"}
     assert violations("<ans>7 kilometers</ans>", profile) == {}
     assert violations("7 kilometers", profile) == {"format": "tags"}
+
+
+def test_free_text_reader_agrees_with_the_exact_one_on_the_tiny_models_shapes():
+    q = Question("q", 3, 4, "km")
+    for seed in range(200):
+        style = random_style(random.Random(seed))
+        assert read_free_text(render_answer(q, style)) == style
+
+
+def test_free_text_reader_finds_parts_anywhere_and_refuses_mixed_units():
+    answer = "Sure, 3 kilometers plus 4 kilometers is 7 kilometers in total."
+    assert read_free_text(answer) == {"tone": "sure", "closing": "none", "length": "short", "format": "?",
+                                      "units": "word"}
+    assert parse_style(answer)["units"] == "?"
+    assert read_free_text("To add them: 30 min + 25 min = 55 min.")["units"] == "symbol"
+    assert read_free_text("That's 55 min, or 55 minutes.")["units"] == "?"
+    assert read_free_text("It takes 1 hour and 5 hours more.")["units"] == "word"
+    assert read_free_text("The answer is 12 metres. Hope this helps")["format"] == "sentence"
+    assert read_free_text("Walk to the mall.")["units"] == "?"  # "m" not after a number
+    profile = {"units": "word"}
+    assert violations(answer, profile, read_free_text) == {}
+    assert violations(answer, profile) == {"units": "word"}
+
+
+def test_env_refuses_an_unknown_reader():
+    with pytest.raises(ValueError, match="reader must be one of"):
+        PersonalEnv({"reader": "lenient"})
 
 
 def test_directive_text_joins_requests():
