@@ -102,3 +102,12 @@ def test_recipes_differ_only_in_weights_teacher_and_lr():
     assert (combined.trainer.lr, opd.trainer.lr, binary.trainer.lr) == (2e-4, 1e-4, 2e-4)
     opd.trainer.lr = combined.trainer.lr
     assert binary.trainer == combined.trainer == opd.trainer
+
+
+def test_smollm2_recipes_differ_only_in_weights_and_teacher():
+    combined, binary, opd = (load_config(REPO / f"recipes/{r}/cpu_smollm2.yaml") for r in ("combined", "binary_rl", "opd"))
+    assert [(c.algo.w_rl, c.algo.w_opd) for c in (combined, binary, opd)] == [(1.0, 1.0), (1.0, 0.0), (0.0, 1.0)]
+    assert (combined.judge.teacher, binary.judge.teacher, opd.judge.teacher) == ("frozen", "none", "frozen")
+    assert binary.rollout == combined.rollout == opd.rollout and combined.rollout.env_args["reader"] == "free_text"
+    assert binary.trainer == combined.trainer == opd.trainer and combined.trainer.lr == 1e-5
+    assert combined.model.name == "smollm2-135m-instruct"
