@@ -206,6 +206,8 @@ def standin_main(backend: str, device: str) -> None:
     from torch.distributed.distributed_c10d import _new_process_group_helper, _world
     from torch.distributed.rendezvous import rendezvous
 
+    from clawr1.engine_api.nccl import local_nccl_version
+
     timeout = timedelta(seconds=120)
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
@@ -228,6 +230,8 @@ def standin_main(backend: str, device: str) -> None:
             calls.append(path)
         if path == "/server_info":
             return 200, {"version": STANDIN_VERSION}
+        if path == "/model_info":  # its torch's NCCL, as clawr1's embedded engine reports it (SGLang does not)
+            return 200, {"model_path": "standin", "weight_version": "default", "nccl_version": local_nccl_version()}
         if path == "/flush_cache":
             return 200, "Cache flushed.\n"
         if path == "/state":
@@ -330,6 +334,7 @@ def push_to_standin(hf_state: dict, backend: str, standin_device: str, bucket_by
                                    refusal_grace_s=5.0) as sync:
             sync.connect(TrainerConfig().host, 0, [1])
             out["connect_s"] = round(time.monotonic() - t0, 3)
+            out["trainer_nccl"] = sync.nccl_version  # checked against the stand-in's before it joined (nccl)
             t1 = time.monotonic()
             try:
                 sync.push(hf_state, version=1)
@@ -344,7 +349,8 @@ def push_to_standin(hf_state: dict, backend: str, standin_device: str, bucket_by
             state = engine.state()
         calls = state["calls"]
         out["engine_calls"] = sorted(set(calls), key=calls.index)
-        out["protocol_ok"] = calls[:2] == ["/server_info", "/init_weights_update_group"] and all(
+        opening = ["/server_info", *(["/model_info"] if backend == "nccl" else []), "/init_weights_update_group"]
+        out["protocol_ok"] = calls[:len(opening)] == opening and all(
             p in calls for p in ("/pause_generation", "/begin_weight_update", "/flush_cache",
                                  "/update_weights_from_distributed"))
         if out["pushed"]:

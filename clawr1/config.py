@@ -271,6 +271,10 @@ class TrainerConfig(Section):
     # the default with cluster.backend=ray and embedded engines); nccl: SGLang's distributed update
     weight_sync: Literal["disk", "http", "nccl"] = "disk"
     weight_sync_bucket_mb: PositiveInt = 512  # nccl: tensors per /update_weights_from_distributed call, by size
+    # nccl: the address the engines reach trainer rank 0's weight-update rendezvous at (a TCPStore on a free port).
+    # Empty: trainer.host when routable (`clawr1 run` on Ray sets it to rank 0's node address); else, with an engine
+    # on another machine, this machine's address on the route to it; else 127.0.0.1 (everything on one machine)
+    master_address: str = ""
     checkpoint_every: NonNegativeInt = 0  # steps between checkpoints; 0: never (each batch is committed right after its step)
     keep_checkpoints: PositiveInt = 2
     resume: bool = False  # continue from the newest checkpoint in the run directory

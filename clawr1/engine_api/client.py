@@ -235,6 +235,7 @@ class UpdateProtocol:
     engine: str
     pause_mode: str
     session: Optional[bool]
+    release: Optional[str] = None  # the version SGLang reported, as it reported it
 
 
 def _release(version: Any) -> Optional[tuple[tuple[int, int, int], bool]]:
@@ -260,10 +261,10 @@ def update_protocol(info: Optional[dict]) -> UpdateProtocol:
     base, final = release
     name = f"sglang {version}"
     if base > SESSION_SINCE or (base == SESSION_SINCE and final):
-        return UpdateProtocol(name, "retract", True)
+        return UpdateProtocol(name, "retract", True, version)
     if base < SESSION_SINCE:
-        return UpdateProtocol(name, "abort", False)
-    return UpdateProtocol(name, "abort", None)  # a pre-release of 0.5.21: may or may not have either change
+        return UpdateProtocol(name, "abort", False, version)
+    return UpdateProtocol(name, "abort", None, version)  # a pre-release of 0.5.21: may or may not have either change
 
 
 def detect_update_protocol(http: httpx.Client) -> UpdateProtocol:

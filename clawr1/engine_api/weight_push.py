@@ -36,7 +36,14 @@ weight-update session (0.5.21 on; detected once per engine from its /server_info
 /update_weights_from_distributed per bucket while rank 0 broadcasts the bucket's tensors,
 /end_weight_update, /continue_generation. An engine that refuses a bucket never joins its
 broadcast: the refusal is raised within `refusal_grace_s` and the pending broadcast is
-abandoned (the group is then unusable until connect() runs again).
+abandoned (the group is then unusable until connect() runs again). With NCCL a broadcast returns
+once queued on the GPU, not once received, so a finished sender says nothing: after a refusal an
+NCCL group is always aborted, or the orphaned broadcast would hold the trainer's CUDA stream until
+NCCL's watchdog ends the process.
+
+One NCCL on both ends: NCCL refuses peers of another release, so for backend nccl connect() compares
+the trainer's NCCL version with each engine's (reported in /model_info) before any engine joins a
+group, and refuses a mismatch naming both (clawr1/engine_api/nccl.py).
 """
 from __future__ import annotations
 
@@ -54,6 +61,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from clawr1.engine_api.client import EngineError, SyncEngineClient, UpdateProtocol
+from clawr1.engine_api.nccl import local_nccl_version, release_nccl, reported_nccl_version
 
 log = logging.getLogger("clawr1.weight_sync")
 
@@ -68,6 +76,10 @@ NamedTensors = Union[Mapping[str, Tensor], Iterable[tuple[str, Tensor]], Callabl
 
 class WeightSyncError(RuntimeError):
     """An engine refused or failed a step of the weight update; the message names the engine."""
+
+
+class NcclVersionMismatch(WeightSyncError):
+    """The trainer and an engine run different NCCL releases, which NCCL's init rejects; raised before any broadcast."""
 
 
 # ---------------------------------------------------------------- payloads (docs/sglang_api_notes.md §6)
@@ -205,6 +217,11 @@ class RankZeroGroup:
         self.broken: Optional[str] = None  # why the group can no longer be used (see abort)
         self._cancel = threading.Event()
 
+    @property
+    def queues_broadcasts(self) -> bool:
+        """broadcast() returns once the broadcast is queued (NCCL), not once every member received it (gloo)."""
+        return self.backend == "nccl"
+
     def broadcast(self, tensor: Tensor) -> None:
         """Send `tensor` from rank 0 to every other member.
 
@@ -304,19 +321,23 @@ class DistributedWeightSync:
     nothing is configured. `broadcast`, if given, replaces the NCCL groups (connect() then only
     talks HTTP): tests use it. `stage` moves each tensor to the group's device as its bucket is
     filled (default: to CUDA for nccl, as is for gloo), so one bucket at a time is on the device.
+    `nccl_version` is the trainer's (default: this process's torch's); `group_class` builds rank 0's
+    end of each group (tests stand in for NCCL's queueing with a subclass).
     """
 
     def __init__(self, engine_urls: Sequence[str], *, group_name: str = "clawr1_weights",
                  bucket_bytes: int = 512 << 20, rolling: bool = True, backend: str = "nccl",
                  broadcast: Optional[Broadcast] = None, timeout_s: float = 600.0,
                  refusal_grace_s: float = REFUSAL_GRACE_S, flush_timeout_s: float = FLUSH_TIMEOUT_S,
-                 retry_interval_s: float = 0.5, stage: Optional[Callable[[Tensor], Tensor]] = None):
+                 retry_interval_s: float = 0.5, stage: Optional[Callable[[Tensor], Tensor]] = None,
+                 nccl_version: Optional[str] = None, group_class: type[RankZeroGroup] = RankZeroGroup):
         if not engine_urls:
             raise ValueError("no engine URLs to sync weights to")
         self.urls = [u.rstrip("/") for u in engine_urls]
         self.group_name, self.bucket_bytes, self.rolling = group_name, bucket_bytes, rolling
         self.backend, self.timeout_s, self.refusal_grace_s = backend, timeout_s, refusal_grace_s
-        self._broadcast = broadcast
+        self._broadcast, self._group_class = broadcast, group_class
+        self.nccl_version = nccl_version or local_nccl_version()  # the trainer's, checked against each engine's
         self._stage = stage or ((lambda t: t.to("cuda", non_blocking=True)) if backend == "nccl" and broadcast is None
                                 else (lambda t: t))
         self._engines = {u: SyncEngineClient(u, timeout_s, flush_timeout_s=flush_timeout_s,
@@ -422,6 +443,8 @@ class DistributedWeightSync:
         if len(gpus_per_engine) != len(self.urls):
             raise ValueError(f"gpus_per_engine has {len(gpus_per_engine)} entries for {len(self.urls)} engines")
         self._each(self.urls, self.protocol)
+        if self.backend == "nccl":
+            self.check_nccl_versions()
         if self._units:
             self.disconnect()
         n = len(self.urls)
@@ -439,13 +462,48 @@ class DistributedWeightSync:
                                         for off in offsets])
         if self._broadcast is None:
             try:
-                self._groups = [RankZeroGroup(self._store, name, world, self.backend, self.timeout_s)
+                self._groups = [self._group_class(self._store, name, world, self.backend, self.timeout_s)
                                 for name, world in zip(self._names, worlds)]
             except Exception as err:
                 self._raise_refusal(futures, err)
                 raise
         self._results(futures)
         log.info("weight-update groups %s formed with %d engine(s)", ", ".join(self._names), n)
+
+    def check_nccl_versions(self) -> None:
+        """Refuse engines whose NCCL release differs from the trainer's; warn about those that do not report one.
+
+        Runs before any engine is asked to join a group, so a mismatch never reaches NCCL's init.
+        """
+        if self.nccl_version is None:
+            log.warning("this trainer's torch reports no NCCL version: the engines' NCCL versions are not checked")
+            return
+        reported = dict(zip(self.urls, self._pool.map(self._engine_nccl_version, self.urls)))
+        wrong = [f"engine {url} has NCCL {v}" for url, v in reported.items() if v is not None and v != self.nccl_version]
+        if wrong:
+            raise NcclVersionMismatch(
+                f"NCCL versions differ: this trainer has NCCL {self.nccl_version}, but {'; '.join(wrong)}. NCCL refuses "
+                f"peers of another release, so no weights could be published: give the trainer and the engines the "
+                f"same torch (README, GPU install)")
+        for url in (u for u, v in reported.items() if v is None):
+            self._warn_unchecked(url)
+
+    def _engine_nccl_version(self, url: str) -> Optional[str]:
+        try:
+            return reported_nccl_version(self._engines[url].model_info())
+        except (EngineError, httpx.HTTPError, ValueError) as e:
+            raise WeightSyncError(f"engine {url}: cannot read its NCCL version from /model_info: {e}") from e
+
+    def _warn_unchecked(self, url: str) -> None:
+        proto = self.protocols[url]
+        pinned = release_nccl(proto.release)
+        hint = ""
+        if pinned is not None:
+            hint = f"; its release pins torch {pinned[0]}, which brings NCCL {pinned[1]}"
+            if pinned[1] != self.nccl_version:
+                hint += ": unless that engine runs another torch, NCCL will refuse the group"
+        log.warning("engine %s (%s) does not report its NCCL version, so it is not checked (this trainer has NCCL "
+                    "%s)%s", url, proto.engine, self.nccl_version, hint)
 
     def disconnect(self) -> None:
         """Ask every engine to leave its group, and release ours."""
@@ -544,11 +602,16 @@ class DistributedWeightSync:
             wait([f for f in (sender.future, *replies) if not f.done()], timeout=remaining, return_when=FIRST_COMPLETED)
 
     def _abandon(self, k: int, sender: _Sender, reason: str) -> None:
-        """Let a pending broadcast finish within refusal_grace_s, else abort the group so it stops waiting."""
+        """Let a pending broadcast finish within refusal_grace_s, else abort the group so it stops waiting.
+
+        A group whose broadcasts return once queued (NCCL) is always aborted: its sender finishing says
+        only that the broadcasts were queued, and a peer that refused will never receive them.
+        """
         if not sender.future.done():
             wait([sender.future], timeout=self.refusal_grace_s)
-        if not sender.future.done() and self._groups:  # an injected broadcast (tests) has nothing to abort
-            self._groups[k].abort(reason)
+        group = self._groups[k] if self._groups else None  # an injected broadcast (tests) has nothing to abort
+        if group is not None and (group.queues_broadcasts or not sender.future.done()):
+            group.abort(reason)
             sender.thread.join(self.refusal_grace_s)
 
     @staticmethod

@@ -9,6 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from clawr1.engine_api.client import EMBEDDED_ENGINE
+from clawr1.engine_api.nccl import local_nccl_version
 from clawr1.engine_api.versions import parse_version
 from clawr1.serving.engine import Engine, GenerateRequest, RequestError, SamplingParams
 
@@ -77,6 +78,7 @@ def parse_generate(body: dict, tokenizer: Any) -> tuple[list[GenerateRequest], b
 
 def create_app(engine: Engine) -> FastAPI:
     app = FastAPI(title="clawr1 embedded engine (SGLang native API subset)")
+    nccl_version = local_nccl_version()
 
     @app.exception_handler(RequestError)
     async def _bad_request(_: Request, exc: RequestError) -> JSONResponse:
@@ -95,6 +97,7 @@ def create_app(engine: Engine) -> FastAPI:
             "weight_version": str(engine.weight_version), "model_type": engine.model.config.model_type,
             "architectures": engine.model.config.architectures, "served_model_name": engine.model_path,
             "input_logprob_temperature": True,  # clawr1 extension: prompt log-probs at a temperature
+            "nccl_version": nccl_version,  # clawr1 extension: torch's NCCL (null without), for the trainer's check
         }
 
     @app.get("/server_info")

@@ -7,8 +7,9 @@ fp32 main weights, sharded optimizer state, grad clipping) over megatron's DDP.
 """
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -105,6 +106,7 @@ class MegatronDistributedAdam:
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
+        untie_adam_steps(self.optimizer)
         self.steps = state["steps"]
 
     # The sharded Adam moments live outside state_dict(); megatron gathers them to one file (collective).
@@ -112,7 +114,43 @@ class MegatronDistributedAdam:
         self.optimizer.save_parameter_state(path)
 
     def load_parameter_state(self, path: str) -> None:
-        self.optimizer.load_parameter_state(path)
+        # no_grad: with fp32 params megatron's main params are views of the model's, which autograd forbids
+        # copying into. The steps are set aside: megatron copies every key of a parameter's state from the
+        # file, whose dp_zero layout holds no "step" (KeyError with torch's AdamW).
+        with torch.no_grad(), _adam_steps_set_aside(self.optimizer):
+            self.optimizer.load_parameter_state(path)
+
+
+def _torch_optimizers(optimizer) -> list[torch.optim.Optimizer]:
+    """The torch optimizers inside megatron's (a ChainedOptimizer holds one DistributedOptimizer per group)."""
+    return [getattr(o, "optimizer", o) for o in getattr(optimizer, "chained_optimizers", [optimizer])]
+
+
+def untie_adam_steps(optimizer) -> None:
+    """Give each parameter's Adam state its own `step` tensor.
+
+    Without TransformerEngine megatron's distributed optimizer runs torch's AdamW, and its
+    load_state_dict hands every parameter one shared `step` tensor; AdamW increments a parameter's
+    step in place, so the shared one would advance once per parameter at every step and the
+    bias correction of the first step after a resume would be wrong. TE's FusedAdam keeps its step
+    in the param groups: nothing to untie there.
+    """
+    for opt in _torch_optimizers(optimizer):
+        for state in opt.state.values():
+            if isinstance(state.get("step"), torch.Tensor):
+                state["step"] = state["step"].detach().clone()
+
+
+@contextlib.contextmanager
+def _adam_steps_set_aside(optimizer) -> Iterator[None]:
+    """Take each parameter's `step` out of its Adam state for the body, and put it back after."""
+    held = [(state, state.pop("step")) for opt in _torch_optimizers(optimizer)
+            for state in opt.state.values() if "step" in state]
+    try:
+        yield
+    finally:
+        for state, step in held:
+            state["step"] = step
 
 
 def wrap_ddp(model: torch.nn.Module):

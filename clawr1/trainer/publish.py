@@ -14,11 +14,14 @@ A weight version counts the trainer steps published, so it always equals the ste
 """
 from __future__ import annotations
 
+import ipaddress
 import logging
 import shutil
+import socket
 import time
 from pathlib import Path
 from typing import Protocol
+from urllib.parse import urlsplit
 
 import torch.distributed as dist
 from torch import Tensor
@@ -35,17 +38,27 @@ log = logging.getLogger("clawr1.trainer")
 
 
 def gather_hf_state(policy: Policy) -> dict | None:
-    """The full HF state dict on global rank 0 (TP shards gathered); None elsewhere."""
-    own = {k: v.cpu() for k, v in megatron_state(policy.model).items()}
+    """The full HF state dict on global rank 0 (TP shards gathered); None elsewhere.
+
+    Only weights that reach rank 0 are copied to the host: rank 0's, and under tensor parallelism the
+    other shards of data-parallel replica 0, which its TP ranks send (a collective all of them join).
+    The other replicas hold the same weights and copy nothing.
+    """
+    lead = dist.get_rank() == 0
     if policy.tp == 1:
-        return megatron_to_hf([own], policy.arch) if dist.get_rank() == 0 else None
+        return megatron_to_hf([_host_copy(policy)], policy.arch) if lead else None
     from megatron.core import parallel_state
 
+    if parallel_state.get_data_parallel_rank() != 0:
+        return None
     group = parallel_state.get_tensor_model_parallel_group()
-    shards = [None] * policy.tp if dist.get_rank() == 0 else None
-    if parallel_state.get_data_parallel_rank() == 0:
-        dist.gather_object(own, shards, dst=dist.get_global_rank(group, 0), group=group)
-    return megatron_to_hf(shards, policy.arch) if dist.get_rank() == 0 else None
+    shards = [None] * policy.tp if lead else None
+    dist.gather_object(_host_copy(policy), shards, dst=dist.get_global_rank(group, 0), group=group)
+    return megatron_to_hf(shards, policy.arch) if lead else None
+
+
+def _host_copy(policy: Policy) -> dict[str, Tensor]:
+    return {k: v.cpu() for k, v in megatron_state(policy.model).items()}
 
 
 class WeightSink(Protocol):
@@ -94,6 +107,37 @@ class HttpSink:
         pass
 
 
+def master_address(cfg: Config) -> str:
+    """Where the engines reach trainer rank 0's weight-update rendezvous (trainer.master_address, see its comment)."""
+    t = cfg.trainer
+    if t.master_address:
+        return t.master_address
+    if _routable(t.host):
+        return t.host
+    remote = [h for h in (urlsplit(u).hostname for u in cfg.engine_urls) if h and _routable(h)]
+    return address_toward(remote[0]) if remote else "127.0.0.1"
+
+
+def _routable(host: str) -> bool:
+    """Whether another machine could reach `host`: not loopback, not the any-address (0.0.0.0)."""
+    try:
+        ip = ipaddress.ip_address(socket.gethostbyname(host))
+    except (OSError, ValueError):
+        return True  # a name this machine cannot resolve is some other machine's
+    return not (ip.is_loopback or ip.is_unspecified)
+
+
+def address_toward(host: str) -> str:
+    """This machine's address on its route to `host` (a UDP connect sends nothing; it only picks the route)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((host, 9))
+        except OSError as e:
+            raise ValueError(f"cannot tell which address the engines on {host} reach this machine at ({e}): "
+                             f"set trainer.master_address") from None
+        return s.getsockname()[0]
+
+
 class NcclSink:
     """Bucketed NCCL broadcast into SGLang engines. The HF state stays on the host: each tensor is copied to
     the GPU when its bucket is filled and released once the engines confirmed the bucket, so at most one
@@ -103,7 +147,7 @@ class NcclSink:
         from clawr1.engine_api.weight_push import DistributedWeightSync
 
         self.sync = DistributedWeightSync(cfg.engine_urls, bucket_bytes=cfg.trainer.weight_sync_bucket_mb << 20)
-        self.sync.connect(cfg.trainer.host, 0, [cfg.serve.sglang.tp_size] * len(cfg.engine_urls))
+        self.sync.connect(master_address(cfg), 0, [cfg.serve.sglang.tp_size] * len(cfg.engine_urls))
 
     def push(self, hf_state: dict[str, Tensor], version: int) -> str:
         import torch

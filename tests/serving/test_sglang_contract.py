@@ -360,13 +360,16 @@ class FakeEngine:
     scheduler is paused, i.e. after a retract pause). busy_flushes: refuse that many flushes anyway
     (aborted requests still draining). version=None: no /server_info (an engine that does not say).
     reported: the version /server_info reports, if not `version` (a patched build that misreports).
+    nccl_version: reported in /model_info, as clawr1's embedded engine does (SGLang reports none).
     """
 
     def __init__(self, name: str, log: Log, wire: Wire, *, version: str | None = SGLANG_0_5_23,
                  reported: str | None = None, fail_update: bool = False, fail_init: bool = False, running: int = 0,
                  busy_flushes: int = 0, refuse_flushes: bool = False, in_session: bool = False,
-                 has_begin: bool | None = None, old_model_info: bool = False, fail_disk: bool = False):
+                 has_begin: bool | None = None, old_model_info: bool = False, fail_disk: bool = False,
+                 nccl_version: str | None = None):
         self.name, self.log, self.wire = name, log, wire
+        self.nccl_version = nccl_version
         self.version, self.reported = version, reported or version
         self.new = version != SGLANG_0_5_15 if has_begin is None else has_begin  # has the 0.5.23 session API
         self.fail_update, self.fail_init, self.fail_disk = fail_update, fail_init, fail_disk
@@ -413,7 +416,8 @@ class FakeEngine:
             self.log.add("http", self.name, path, None)
             if path == "/model_info" and self.old_model_info:
                 return not_found
-            return 200, {"model_path": "m", "weight_version": self.weight_version, "is_generation": True}
+            info = {"model_path": "m", "weight_version": self.weight_version, "is_generation": True}
+            return 200, {**info, "nccl_version": self.nccl_version} if self.nccl_version else info
         if path == "/flush_cache":  # GET or POST, plain text
             accepted = self.idle() and not self.refuse_flushes and self.busy_flushes == 0
             self.busy_flushes -= 0 if accepted else int(self.busy_flushes > 0)
@@ -844,7 +848,8 @@ def test_model_info_prefers_model_info_and_remembers_a_404(fleet, old):
 # ================================================================ real groups over gloo: rank 0 vs an engine's join
 
 # Plays engines (tp_size 1) in one process, one per entry of the JSON list in argv[1] ({"version": ...,
-# "refuse": message to answer /update_weights_from_distributed with, never joining its broadcast}).
+# "refuse": message to answer /update_weights_from_distributed with, never joining its broadcast,
+# "refuse_from": the first update call refused, counting from 0}).
 # On /init_weights_update_group each joins the group as an SGLang engine does: rendezvous at
 # tcp://master, the store scoped by the group name, then torch's own group helper; on
 # /update_weights_from_distributed it receives one broadcast per name. GET /state tells what it saw.
@@ -870,9 +875,9 @@ def join(p):
     return pg
 
 class Engine:
-    def __init__(self, version, refuse=None):
-        self.version, self.refuse = version, refuse
-        self.groups, self.calls, self.weights = {}, [], {}
+    def __init__(self, version, refuse=None, refuse_from=0):
+        self.version, self.refuse, self.refuse_from = version, refuse, refuse_from
+        self.groups, self.calls, self.weights, self.updates = {}, [], {}, 0
 
     def handle(self, path, body):
         self.calls.append(path)
@@ -883,7 +888,8 @@ class Engine:
         if path == "/init_weights_update_group":
             self.groups[body["group_name"]] = join(body)
         elif path == "/update_weights_from_distributed":
-            if self.refuse:
+            self.updates += 1
+            if self.refuse and self.updates > self.refuse_from:
                 return 400, {"success": False, "message": self.refuse}
             for name, dtype, shape in zip(body["names"], body["dtypes"], body["shapes"]):
                 t = torch.empty(shape, dtype=getattr(torch, dtype))

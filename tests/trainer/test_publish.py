@@ -1,13 +1,24 @@
-"""WeightPublisher with judge.teacher=lagged: the teacher engine gets the policy's weights every teacher_lag versions.
+"""Publishing: the state rank 0 gathers, and the lagged teacher.
 
-Two real engine processes (the policy's and the lagged teacher's) on loopback; the trainer's publisher
-pushes versions 1..7 through the disk sink, each with different weights.
+gather_hf_state on real trainer ranks (gloo): rank 0 gets the whole HF state, and only the weights that
+reach it are copied to the host. WeightPublisher with judge.teacher=lagged: two real engine processes
+(the policy's and the lagged teacher's) on loopback; the trainer's publisher pushes versions 1..7 through
+the disk sink, each with different weights, and the teacher gets them every teacher_lag versions.
 """
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from clawr1.config import free_port
 from clawr1.engine_api.client import SyncEngineClient
-from tests.conftest import make_config
+from tests.conftest import REPO, make_config
 from tests.serving.test_engine_api import prompt_ids
+from tests.trainer.families import save_random_model
 
 
 def weights_of_version(base: dict, version: int) -> dict:
@@ -52,3 +63,85 @@ def test_lagged_teacher_is_refreshed_every_teacher_lag_versions_only(tiny_model,
         publisher.close()
         policy.close()
         teacher.close()
+
+
+def gather_on_ranks(model, tp: int, world: int, out) -> list[dict]:
+    """Each of `world` trainer ranks runs gather_hf_state (tests/trainer/publish_worker.py); their reports."""
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.trainer.publish_worker", str(model), str(tp), str(out)],
+                              cwd=REPO, env={**os.environ, "RANK": str(r), "WORLD_SIZE": str(world),
+                                             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(world)]
+    try:
+        for p in procs:
+            output, _ = p.communicate(timeout=300)  # a rank missing a collective hangs the others: fails here
+            assert p.returncode == 0, output[-3000:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_only_the_weights_that_reach_rank_0_are_copied_to_the_host(tmp_path, tp):
+    """Issue 26: data-parallel replicas other than the first copy nothing; under TP the first replica's other
+    ranks copy their own shard, which they send to rank 0; rank 0 gets the whole HF state."""
+    model = save_random_model("qwen2.5-untied", tmp_path / "model")
+    lead, other = gather_on_ranks(model, tp, world=2, out=tmp_path)
+    assert lead["gathered"] and lead["same_as_hf"] and lead["host_copies"] == lead["own_tensors"] > 0
+    assert not other["gathered"]
+    if tp == 1:  # rank 1 is a second data-parallel replica
+        assert other["dp_rank"] == 1 and other["host_copies"] == 0
+    else:  # rank 1 holds the other half of replica 0's weights
+        assert other["tp_rank"] == 1 and other["host_copies"] == other["own_tensors"] > 0
+
+
+# ================================================================ where the engines reach rank 0 (trainer.weight_sync=nccl)
+
+
+def test_the_master_address_on_one_machine_is_loopback(tmp_path):
+    from clawr1.trainer.publish import master_address
+
+    cfg = make_config(tmp_path)
+    assert cfg.trainer.host == "127.0.0.1" and cfg.trainer.master_address == ""
+    assert master_address(cfg) == "127.0.0.1"
+    cfg.gateway.engine_urls = ["http://localhost:30000", "http://127.0.0.1:30001"]
+    assert master_address(cfg) == "127.0.0.1"
+
+
+def test_a_set_master_address_or_a_routable_trainer_host_is_used_as_is(tmp_path):
+    from clawr1.trainer.publish import master_address
+
+    cfg = make_config(tmp_path, "trainer.master_address=10.9.8.7")
+    cfg.gateway.engine_urls = ["http://198.51.100.7:30000"]
+    assert master_address(cfg) == "10.9.8.7"
+    cfg = make_config(tmp_path, "trainer.host=10.0.0.5")  # as `clawr1 run` on Ray sets it: rank 0's node address
+    cfg.gateway.engine_urls = ["http://198.51.100.7:30000"]
+    assert master_address(cfg) == "10.0.0.5"
+
+
+def test_with_engines_on_another_machine_the_master_address_is_this_machines_routable_one(tmp_path):
+    """The default with engines elsewhere: an address of this machine (not loopback) that serves the rendezvous."""
+    import ipaddress
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from clawr1.engine_api.weight_push import host_store
+    from clawr1.trainer.publish import master_address
+
+    cfg = make_config(tmp_path)
+    cfg.gateway.engine_urls = ["http://198.51.100.7:30000"]  # TEST-NET-2: another machine, reached by the default route
+    try:
+        address = master_address(cfg)
+    except ValueError as e:  # a machine with no route beyond itself cannot tell
+        assert "set trainer.master_address" in str(e)
+        return
+    assert not ipaddress.ip_address(address).is_loopback
+    store = host_store(address, 0, timeout_s=10)  # what NcclSink serves there, and an engine's client of it
+    client = dist.TCPStore(address, store.port, None, False, timedelta(seconds=10))
+    client.set("joined", "engine-0")
+    assert store.get("joined") == b"engine-0"
