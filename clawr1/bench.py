@@ -151,6 +151,15 @@ def category_rates(scores: list[TaskScore]) -> dict[str, float]:
     return {c: statistics.fmean(v) for c, v in sorted(by.items())}
 
 
+def report_prefix(env: str, tasks: str | None, agent: str, out: str | None = None) -> Path:
+    """`out` when given, else runs/bench/<env>-<task set>-<agent>, the task set named by its last path component."""
+    if out:
+        return Path(out)
+    # the last path component: "/abs/dir/" -> "dir", "." -> the current directory's name; "bfcl:simple" stays whole
+    task_set = Path(os.path.abspath(tasks)).name if tasks else "default"
+    return Path("runs/bench") / f"{Path(env).name}-{task_set or 'root'}-{agent}".replace(":", "_")
+
+
 def write_report(out: Path, title: str, summary: dict, scores: list[TaskScore]) -> list[Path]:
     out.parent.mkdir(parents=True, exist_ok=True)
     md = out.with_name(out.name + ".md")  # appended: a prefix may hold a dot that is not a suffix
@@ -215,7 +224,7 @@ def main(args) -> int:
                **summarize(scores, args.samples), "wall_s": round(time.monotonic() - t0, 1)}
     overhead = env.sandbox_overhead_s()
     summary["sandbox_overhead_ms_per_command"] = None if overhead is None else round(overhead * 1000, 2)
-    out = Path(args.out or f"runs/bench/{Path(args.env).name}-{args.tasks or 'default'}-{args.agent}".replace(":", "_"))
+    out = report_prefix(args.env, args.tasks, args.agent, args.out)
     written = write_report(out, f"{args.env} {args.tasks or ''} ({args.agent} agent, {args.samples} samples)",
                            summary, scores)
     print(task_table(scores))

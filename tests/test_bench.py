@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -49,7 +51,7 @@ def test_oracle_passes_and_null_fails_every_bundled_task(env, tmp_path):
     null = bench(env, "--agent", "null", tmp_path=tmp_path)
     assert null["tasks"] == oracle["tasks"] and null["pass@1"] == 0.0 and null["failed"] == null["tasks"]
     report = (tmp_path / "report.md").read_text()
-    assert "| task | category | passed |" in report and f"0/1" in report
+    assert "| task | category | passed |" in report and "0/1" in report
     if env == "envs/terminal":  # commands run in the sandbox, and its cost per command is reported
         assert 0 < oracle["sandbox_overhead_ms_per_command"] < 5000
 
@@ -75,3 +77,27 @@ def test_policy_needs_a_gateway_or_a_config(tmp_path):
     out = subprocess.run([sys.executable, "-m", "clawr1.cli", "bench", "envs/toolcall", "--agent", "policy"],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "--gateway URL" in out.stderr
+
+
+def test_the_report_is_named_after_the_task_sets_last_path_component(tmp_path):
+    from clawr1.bench import report_prefix
+
+    assert report_prefix("envs/terminal", None, "oracle") == Path("runs/bench/terminal-default-oracle")
+    assert report_prefix("envs/terminal", "/abs/dir", "oracle") == Path("runs/bench/terminal-dir-oracle")
+    assert report_prefix("envs/terminal/", "/abs/dir/", "null") == Path("runs/bench/terminal-dir-null")
+    assert report_prefix("envs/terminal", "envs/terminal/tasks/csv-to-json", "oracle") == \
+        Path("runs/bench/terminal-csv-to-json-oracle")
+    assert report_prefix("envs/toolcall", "bfcl:simple", "policy") == Path("runs/bench/toolcall-bfcl_simple-policy")
+    assert report_prefix("envs/terminal", "/", "oracle") == Path("runs/bench/terminal-root-oracle")
+    assert report_prefix("envs/terminal", "/abs/dir", "oracle", out=str(tmp_path / "mine")) == tmp_path / "mine"
+
+
+def test_bench_with_an_absolute_task_directory_writes_one_flat_report(tmp_path):
+    tasks = tmp_path / "my tasks" / "set-a"
+    shutil.copytree(REPO / "envs" / "terminal" / "tasks" / "csv-to-json", tasks / "csv-to-json")
+    out = subprocess.run([sys.executable, "-m", "clawr1.cli", "bench", "envs/terminal", "--tasks", str(tasks),
+                          "--agent", "oracle"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1])["pass@1"] == 1.0
+    assert sorted(p.name for p in (tmp_path / "runs" / "bench").iterdir()) == ["terminal-set-a-oracle.md"]
+    assert f"wrote {Path('runs/bench/terminal-set-a-oracle.md')}" in out.stdout

@@ -4,7 +4,9 @@ One `Sandbox` is one episode. It owns a fresh copy of the task's workspace direc
 every command as a new process tree in new namespaces:
 
 - no network (a new, empty network namespace: at most its own loopback);
-- a read-only system (/usr, /bin, /lib*, /etc bound read-only), the workspace read-write at
+- a read-only system (/usr, /bin, /lib*, /etc bound read-only), the test toolchain read-only at
+  /opt/toolchain (a venv of the system python3 with pinned pytest: envs/agentic/toolchain.py; its
+  bin/ comes first on PATH, so `python3` and `pytest` are its own), the workspace read-write at
   /workspace (also the working directory), a private size-limited /tmp, a /proc for the
   command's own pid namespace and a minimal /dev; nothing else of the host is visible;
 - a clean environment (`SANDBOX_ENV`): no host variable, so no API key, leaks in;
@@ -44,11 +46,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from envs.agentic import toolchain
+
 logger = logging.getLogger(__name__)
 
 WORKSPACE = "/workspace"  # where the episode's workspace appears inside the sandbox
 SANDBOX_UID = 65534  # "nobody": the uid commands run as, inside and (when we are root) on the host
-SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+TOOLCHAIN = toolchain.MOUNT  # the read-only test toolchain inside every bwrap/unshare sandbox
+SANDBOX_PATH = f"{TOOLCHAIN}/bin:{SYSTEM_PATH}"
 SANDBOX_ENV = {"PATH": SANDBOX_PATH, "HOME": "/tmp", "LANG": "C.UTF-8", "TERM": "dumb"}
 ISOLATING_BACKENDS = ("bwrap", "unshare")  # strongest first: the order `auto` tries them in
 BACKENDS = (*ISOLATING_BACKENDS, "docker", "local")
@@ -126,6 +132,31 @@ def bwrap_binary() -> str | None:
         return shutil.which("bwrap")
 
 
+def sandbox_python3() -> str:
+    """The system python3 the sandbox sees (host and sandbox share /usr): the toolchain's base."""
+    python3 = shutil.which("python3", path=SYSTEM_PATH)
+    if python3 is None:
+        raise SandboxError(f"no python3 on {SYSTEM_PATH}: the sandbox's test toolchain needs one")
+    return python3
+
+
+_toolchain_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_toolchain_source() -> Path:
+    return toolchain.bind_source(toolchain.toolchain_dir(sandbox_python3()), _host_user().get("user", os.geteuid()))
+
+
+def toolchain_source() -> Path:
+    """The host directory bound read-only at TOOLCHAIN, built on first use (see envs/agentic/toolchain.py)."""
+    with _toolchain_lock:
+        try:
+            return _cached_toolchain_source()
+        except (OSError, subprocess.SubprocessError, toolchain.ToolchainError) as e:
+            raise SandboxError(f"the sandbox's test toolchain is unavailable: {e}") from e
+
+
 def available_backends() -> list[str]:
     """The isolating backends that run `true` on this machine, strongest first (probed once)."""
     return [name for name in ISOLATING_BACKENDS if _probe(name) is None]
@@ -177,12 +208,15 @@ class Sandbox:
     """
 
     def __init__(self, workspace: Path | None, backend: str = "auto", limits: SandboxLimits | None = None,
-                 allow_unsafe_local: bool = False) -> None:
+                 allow_unsafe_local: bool = False, with_toolchain: bool = True) -> None:
         if backend not in ("auto", *BACKENDS):
             raise ValueError(f"unknown sandbox backend {backend!r}; choose one of: auto, {', '.join(BACKENDS)}")
         self.limits = limits or SandboxLimits()
         self.backend_name: str = _choose_backend(backend, allow_unsafe_local)
         self._tool = _tool_path(self.backend_name)
+        # the local backend binds nothing: its commands see the host as it is
+        self.toolchain_path: Path | None = (toolchain_source() if with_toolchain and self.backend_name != "local"
+                                            else None)  # the host directory seen at TOOLCHAIN
         self._dir = Path(tempfile.mkdtemp(prefix="clawr1-sandbox-")).resolve()
         self._finalizer = weakref.finalize(self, _remove_tree, self._dir)
         self.workspace_path: Path = self._dir / "workspace"  # the host path of the episode's copy
@@ -298,9 +332,10 @@ class Sandbox:
         limit_processes = self.backend_name != "local" or os.geteuid() == 0
         inner = ["/bin/bash", "-c", _limits_script(self.limits, limit_processes), "sandbox", command]
         if self.backend_name == "bwrap":
-            return _bwrap_argv(self._tool, self.workspace_path, self.limits) + inner
+            return _bwrap_argv(self._tool, self.workspace_path, self.limits, self.toolchain_path) + inner
         if self.backend_name == "unshare":
-            return _unshare_argv(self._tool, self._dir / "root", self.workspace_path, self.limits) + inner
+            return _unshare_argv(self._tool, self._dir / "root", self.workspace_path, self.limits,
+                                 self.toolchain_path) + inner
         return inner
 
     def _host_path(self, relative_path: str) -> Path:
@@ -365,7 +400,7 @@ def _tool_path(backend: str) -> str | None:
     if backend == "bwrap":
         return bwrap_binary()
     if backend == "unshare":
-        return shutil.which("unshare", path=SANDBOX_PATH)
+        return shutil.which("unshare", path=SYSTEM_PATH)
     return None
 
 
@@ -375,7 +410,7 @@ def _probe(backend: str) -> str | None:
     if _tool_path(backend) is None:
         return "not installed"
     try:
-        with Sandbox(None, backend=backend) as sandbox:
+        with Sandbox(None, backend=backend, with_toolchain=False) as sandbox:
             result = sandbox.run("true", timeout_s=20)
     except (OSError, SandboxError) as e:
         return str(e)
@@ -413,11 +448,13 @@ def _system_paths() -> list[tuple[str, str | None]]:
     return found
 
 
-def _bwrap_argv(bwrap: str, workspace: Path, limits: SandboxLimits) -> list[str]:
+def _bwrap_argv(bwrap: str, workspace: Path, limits: SandboxLimits, toolchain_dir: Path | None) -> list[str]:
     argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
             "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox"]
     for path, link in _system_paths():
         argv += ["--symlink", link, path] if link else ["--ro-bind", path, path]
+    if toolchain_dir is not None:
+        argv += ["--ro-bind", str(toolchain_dir), TOOLCHAIN]
     return argv + [
         "--proc", "/proc",
         "--dev", "/dev",
@@ -431,12 +468,14 @@ def _bwrap_argv(bwrap: str, workspace: Path, limits: SandboxLimits) -> list[str]
     ]
 
 
-def _unshare_argv(unshare: str, new_root: Path, workspace: Path, limits: SandboxLimits) -> list[str]:
+def _unshare_argv(unshare: str, new_root: Path, workspace: Path, limits: SandboxLimits,
+                  toolchain_dir: Path | None) -> list[str]:
+    script = _unshare_setup_script(new_root, workspace, limits, toolchain_dir)
     return [unshare, "--user", "--map-root-user", "--mount", "--pid", "--net", "--ipc", "--uts", "--fork",
-            "--kill-child", "--", "/bin/bash", "-c", _unshare_setup_script(new_root, workspace, limits), "setup"]
+            "--kill-child", "--", "/bin/bash", "-c", script, "setup"]
 
 
-def _unshare_setup_script(new_root: Path, workspace: Path, limits: SandboxLimits) -> str:
+def _unshare_setup_script(new_root: Path, workspace: Path, limits: SandboxLimits, toolchain_dir: Path | None) -> str:
     """What bwrap does, in shell: build the new root, pivot into it, then drop to SANDBOX_UID.
 
     It runs as root of the new user namespace (which maps to the host uid that started it), as
@@ -446,13 +485,19 @@ def _unshare_setup_script(new_root: Path, workspace: Path, limits: SandboxLimits
     system = _system_paths()
     dirs = [path.lstrip("/") for path, link in system if not link]
     dev_nodes = "null zero full random urandom tty"
+    toolchain_lines = [] if toolchain_dir is None else [
+        f"mkdir -p {TOOLCHAIN.lstrip('/')}",
+        f"mount --bind -o ro,nosuid,nodev {shlex.quote(str(toolchain_dir))} {TOOLCHAIN.lstrip('/')}",
+    ]
     lines = [
         "set -eu",
+        f"export PATH={SYSTEM_PATH}",  # the host's tools until the pivot; the sandbox's PATH after it
         f"mount -t tmpfs -o mode=755,nosuid,nodev,size=1m tmpfs {shlex.quote(str(new_root))}",
         f"cd {shlex.quote(str(new_root))}",  # from here on, paths are relative to the new root
         f"mkdir {' '.join(dirs)} workspace proc tmp dev",
         *(f"ln -s {shlex.quote(link)} {path.lstrip('/')}" for path, link in system if link),
         *(f"mount --bind -o ro,nosuid,nodev /{d} {d}" for d in dirs),
+        *toolchain_lines,
         f"mount --bind -o nosuid,nodev {shlex.quote(str(workspace))} workspace",
         "mount -t proc -o nosuid,nodev,noexec proc proc",
         f"mount -t tmpfs -o nosuid,nodev,mode=1777,size={limits.tmp_mb}m tmpfs tmp",
@@ -468,6 +513,7 @@ def _unshare_setup_script(new_root: Path, workspace: Path, limits: SandboxLimits
         # pivot_root(".", ".") stacks the old root on the new one; the lazy umount then drops it.
         "pivot_root . . && umount -l .",
         f"cd {WORKSPACE}",
+        f"export PATH={SANDBOX_PATH}",
         f'exec unshare --user --map-user={SANDBOX_UID} --map-group={SANDBOX_UID} -- setpriv --no-new-privs -- "$@"',
     ]
     return "\n".join(lines) + "\n"

@@ -191,21 +191,60 @@ def install_tests(task: TerminalTask, workspace: Path) -> Path:
 
 _TEST_LINE = re.compile(r"^(PASSED|FAILED|ERROR) (\S.*?)(?: - .*)?\s*$")
 _RESULT_LINE = re.compile(r"^RESULT passed=(\d+) failed=(\d+)\s*$")
-_PYTEST_SUMMARY = re.compile(r"^=*\s*((?:\d+ [a-z]+(?:, )?)+) in [\d.]+s\b.*$")
+# pytest's last line: "3 passed, 1 failed in 0.12s", framed by "=" without -q, with "(0:01:05)" past a minute
+_PYTEST_SUMMARY = re.compile(r"^=*\s*((?:\d+ [a-z]+)(?:, \d+ [a-z]+)*) in [\d.]+s\b[^=]*=*\s*$")
+PYTEST_OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed", "deselected", "warning", "rerun")
 
 
-def _pytest_counts(summary: str) -> tuple[int, int]:
-    counts = {word: int(n) for n, word in (part.split(" ", 1) for part in summary.split(", "))}
-    return counts.get("passed", 0), counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0)
+@dataclass(frozen=True)
+class PytestSummary:
+    """The counts on pytest's summary line (pytest writes "error"/"errors" and "warning"/"warnings")."""
+
+    passed: int = 0
+    failed: int = 0
+    errors: int = 0  # setup/teardown errors and collection errors
+    skipped: int = 0
+    xfailed: int = 0
+    xpassed: int = 0
+    deselected: int = 0
+    warnings: int = 0
+    rerun: int = 0
+
+    @property
+    def not_passed(self) -> int:
+        """Tests that count against the verdict: failures and errors (skips and xfails do not)."""
+        return self.failed + self.errors
+
+
+def parse_pytest_summary(line: str) -> PytestSummary | None:
+    """The counts of a pytest summary line such as `1 failed, 3 passed, 2 warnings in 0.12s`; None for any other line.
+
+    A line naming an outcome pytest does not report (see PYTEST_OUTCOMES) is not a summary line.
+    """
+    m = _PYTEST_SUMMARY.match(line)
+    if not m:
+        return None
+    counts: dict[str, int] = {}
+    for part in m.group(1).split(", "):
+        number, word = part.split(" ", 1)
+        word = word[:-1] if word in ("errors", "warnings", "reruns") else word
+        if word not in PYTEST_OUTCOMES or word in counts:
+            return None
+        counts[word] = int(number)
+    field = {"error": "errors", "warning": "warnings"}
+    return PytestSummary(**{field.get(word, word): n for word, n in counts.items()})
 
 
 def parse_test_output(stdout: str) -> TestVerdict:
     """The verdict in run-tests.sh's stdout.
 
-    Reads `PASSED <name>` / `FAILED <name>` (and pytest's `-rA` short-summary lines, `ERROR` counting as
-    failed) plus the summary: our `RESULT passed=<n> failed=<m>` or pytest's `N passed, M failed in Xs`.
-    `all_passed` needs a summary, no failure and at least one pass. Output that contradicts itself (a test
-    named twice, or a summary that disagrees with the per-test lines) earns nothing: passed=0.
+    Reads `PASSED <name>` / `FAILED <name>` / `ERROR <name>` lines (ours, or pytest's short summary:
+    `-rA` lists every test, the default lists only failures and errors; ERROR counts as failed) and the
+    summary: our `RESULT passed=<n> failed=<m>` or pytest's last line (`parse_pytest_summary`: failed
+    and errors count as failed, skips and xfails count as neither). Without any PASSED line the counts
+    come from the summary, and the failure lines must match its failures. `all_passed` needs a
+    summary, no failure and at least one pass. Output that contradicts itself (a test named twice,
+    summaries that disagree with each other or with the per-test lines) earns nothing: passed=0.
     """
     statuses: dict[str, str] = {}
     duplicate = False
@@ -216,13 +255,14 @@ def parse_test_output(stdout: str) -> TestVerdict:
             statuses[m.group(2)] = m.group(1)
         elif m := _RESULT_LINE.match(line):
             summaries.append((int(m.group(1)), int(m.group(2))))
-        elif m := _PYTEST_SUMMARY.match(line):
-            summaries.append(_pytest_counts(m.group(1)))
-    if statuses:
-        passed = sum(s == "PASSED" for s in statuses.values())
-        failed = len(statuses) - passed
-    else:
-        passed, failed = summaries[0] if summaries else (0, 0)
+        elif pytest_summary := parse_pytest_summary(line):
+            summaries.append((pytest_summary.passed, pytest_summary.not_passed))
+    failed = sum(s != "PASSED" for s in statuses.values())
+    if "PASSED" in statuses.values():
+        passed = len(statuses) - failed
+    else:  # only failures listed (pytest without -rA), or no test lines at all
+        passed = summaries[0][0] if summaries else 0
+        failed = summaries[0][1] if summaries and not statuses else failed
     if duplicate or any(s != (passed, failed) for s in summaries):
         return TestVerdict(passed=0, failed=max(failed, 1), all_passed=False)
     return TestVerdict(passed=passed, failed=failed, all_passed=bool(summaries) and failed == 0 and passed >= 1)

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from envs.agentic.sandbox import (
-    ISOLATING_BACKENDS, SANDBOX_ENV, SANDBOX_UID, WORKSPACE, CommandResult, Sandbox, SandboxError, SandboxLimits,
-    _probe, available_backends, docker_command,
+    ISOLATING_BACKENDS, SANDBOX_ENV, SANDBOX_UID, TOOLCHAIN, WORKSPACE, CommandResult, Sandbox, SandboxError,
+    SandboxLimits, _probe, available_backends, docker_command,
 )
+from envs.agentic.toolchain import PINS
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = SandboxLimits(memory_mb=256, max_processes=64, file_size_mb=8, cpu_s=2, timeout_s=5, tmp_mb=16,
@@ -127,7 +128,7 @@ def test_the_host_environment_is_invisible(box: Sandbox, monkeypatch: pytest.Mon
     env = dict(line.split("=", 1) for line in box.run("env").output.splitlines())
     assert {k: env[k] for k in SANDBOX_ENV} == SANDBOX_ENV
     assert set(env) <= set(SANDBOX_ENV) | {"PWD", "SHLVL", "_"}  # the rest are bash's own
-    assert box.run("command -v python3 && python3 -c 'print(6 * 7)'").output == "/usr/bin/python3\n42\n"
+    assert box.run("command -v python3 && python3 -c 'print(6 * 7)'").output == f"{TOOLCHAIN}/bin/python3\n42\n"
 
 
 def test_commands_have_no_privileges_and_no_namespaces_of_their_own(box: Sandbox):
@@ -135,6 +136,35 @@ def test_commands_have_no_privileges_and_no_namespaces_of_their_own(box: Sandbox
     assert status == ["CapEff:", "0000000000000000", "NoNewPrivs:", "1", str(SANDBOX_UID), "sandbox"]
     result = box.run("unshare --user --net true")  # nested namespaces widen the kernel's attack surface
     assert result.exit_code != 0, result.output
+
+
+def test_the_test_toolchain_is_on_path_pinned_and_read_only(box: Sandbox):
+    versions = {pin.name: pin.version for pin in PINS}
+    result = box.run("command -v python3 pytest && pytest --version && python3 -I -m pytest --version --version")
+    lines = result.output.splitlines()
+    assert result.exit_code == 0 and lines[:3] == [f"{TOOLCHAIN}/bin/python3", f"{TOOLCHAIN}/bin/pytest",
+                                                   f"pytest {versions['pytest']}"], result.output
+    site = box.run("python3 -c 'import sysconfig; print(sysconfig.get_path(\"purelib\"))'").output.strip()
+    assert site.startswith(f"{TOOLCHAIN}/lib/python3.") and site.endswith("/site-packages")
+    assert lines[3].startswith(f"This is pytest version {versions['pytest']}, imported from {site}/pytest/")
+    plugins = [line.split()[0] for line in lines[5:]]  # after "registered third-party plugins:"
+    assert plugins == [f"pytest-timeout-{versions['pytest-timeout']}", f"pytest-mock-{versions['pytest-mock']}"]
+    # the standard library and the toolchain only: nothing of the host's site-packages is imported
+    sys_path = box.run("python3 -c 'import sys; print(*sys.path[1:], sep=chr(10))'").output.split()
+    assert [p for p in sys_path if "-packages" in p] == [site]
+
+    before = sorted((str(p), p.read_bytes() if p.is_file() else b"") for p in box.toolchain_path.rglob("*"))
+    tag = marker()
+    writes = [f"touch {TOOLCHAIN}/{tag}", f"echo x >> {TOOLCHAIN}/bin/pytest", f"mkdir {site}/{tag}",
+              f"rm -f {TOOLCHAIN}/pyvenv.cfg", f"mv {site}/pytest {site}/{tag}", f"chmod 777 {TOOLCHAIN}/bin"]
+    for command in writes:  # refused by the file's mode (the sandbox's user owns nothing there) or by the mount
+        result = box.run(command)
+        assert result.exit_code != 0 and ("Read-only file system" in result.output
+                                          or "Permission denied" in result.output), (command, result.output)
+    mounts = [line.split() for line in box.run("cat /proc/self/mountinfo").output.splitlines()]
+    assert [m[5].split(",")[0] for m in mounts if m[4] == TOOLCHAIN] == ["ro"]  # the mount itself is read-only
+    assert sorted((str(p), p.read_bytes() if p.is_file() else b"") for p in box.toolchain_path.rglob("*")) == before
+    assert box.run(f"test -e {box.toolchain_path}").exit_code == 1  # seen only at {TOOLCHAIN}
 
 
 # --- limits: each runaway is stopped, says which limit, and leaves no process behind ---

@@ -291,6 +291,64 @@ def test_a_terminal_bench_style_task_runs_unchanged(tmp_path: Path):
     assert (null.passed, null.details["failing_tests"]) == (False, ["tests/test_outputs.py::test_greeting"])
 
 
+# Terminal-Bench's own form: pytest from the sandbox's toolchain, run on $TEST_DIR (no runner.py involved).
+PYTEST_RUN_TESTS = '#!/bin/bash\npython3 -m pytest -q "$TEST_DIR"\n'
+WORDCOUNT_TESTS = """\
+import pytest
+
+
+def wordcount():
+    import wordcount  # the agent's module: `python3 -m` puts the workspace (the cwd) on sys.path
+    return wordcount
+
+
+@pytest.mark.parametrize("text, expected", [("a b a", {"a": 2, "b": 1}), ("", {})])
+def test_counts(text, expected):
+    assert wordcount().count_words(text) == expected
+
+
+def test_case_is_folded():
+    assert wordcount().count_words("A a") == {"a": 2}
+
+
+@pytest.mark.timeout(20)
+def test_report_is_written(tmp_path, mocker):
+    spy = mocker.spy(wordcount(), "count_words")
+    wordcount().write_report("b a b", tmp_path / "r.txt")
+    assert (tmp_path / "r.txt").read_text() == "b 2\\na 1\\n" and spy.call_count == 1
+"""
+WORDCOUNT = """\
+def count_words(text):
+    counts = {}
+    for word in text.{split}:
+        counts[word] = counts.get(word, 0) + 1
+    return counts
+
+
+def write_report(text, path):
+    counts = count_words(text)
+    with open(path, "w") as f:
+        f.writelines(f"{w} {n}\\n" for w, n in sorted(counts.items(), key=lambda item: -item[1]))
+"""
+
+
+def test_a_pytest_task_passes_with_the_oracle_and_fails_with_null(tmp_path: Path):
+    solution = "cat > wordcount.py <<'EOF'\n" + WORDCOUNT.replace("{split}", "lower().split()") + "EOF\n"
+    task = make_task(tmp_path / "pytest-task", tests=WORDCOUNT_TESTS, solution=solution, run_tests=PYTEST_RUN_TESTS)
+    env = TerminalEnv({"tasks": str(task.path)})
+    oracle = play(env, env.scripted_agent("oracle"), [task])[0]
+    assert (oracle.passed, oracle.reward, oracle.tool_errors) == (True, 1.0, 0), oracle
+    assert {k: oracle.details[k] for k in ("tests_passed", "tests_failed", "failing_tests", "test_exit_code")} == \
+        {"tests_passed": 4, "tests_failed": 0, "failing_tests": [], "test_exit_code": 0}
+    null = play(env, env.scripted_agent("null"), [task])[0]
+    assert (null.passed, null.reward, null.details["tests_passed"], null.details["tests_failed"]) == \
+        (False, -1.0, 0, 4), null
+    assert null.details["test_exit_code"] == 1 and len(null.details["failing_tests"]) == 4
+    partial = play(env, script(write("wordcount.py", WORDCOUNT.replace("{split}", "split()")), SUBMIT), [task])[0]
+    assert (partial.passed, partial.details["tests_passed"], partial.details["tests_failed"]) == (False, 3, 1)
+    assert partial.details["failing_tests"] == ["tests/test_outputs.py::test_case_is_folded"]
+
+
 def test_the_tasks_time_limit_ends_the_episode(tmp_path: Path):
     task = make_task(tmp_path / "slow", tests=GREETING_TESTS, solution="true\n",
                      yaml_extra="max_agent_timeout_sec: 1\n")

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from envs.terminal.tasks import (DEFAULT_AGENT_TIMEOUT_S, DEFAULT_CATEGORY, DEFAULT_TEST_TIMEOUT_S, SHARED_RUNNER,
-                                 TerminalTask, TestVerdict, copy_workspace, failing_tests, grader_files,
-                                 install_tests, load_task, load_tasks, parse_test_output)
+                                 PytestSummary, TerminalTask, TestVerdict, copy_workspace, failing_tests,
+                                 grader_files, install_tests, load_task, load_tasks, parse_pytest_summary,
+                                 parse_test_output)
 from tests.conftest import REPO
 
 TASKS_DIR = REPO / "envs" / "terminal" / "tasks"
@@ -358,3 +359,55 @@ FAILED tests/test_outputs.py::test_c - AssertionError: assert 1 == 2
     assert parse_test_output(text) == TestVerdict(2, 1, False)
     assert parse_test_output("========== 3 passed, 1 warning in 0.05s ==========\n") == TestVerdict(3, 0, True)
     assert parse_test_output("ERROR tests/t.py::test_a - fixture\n1 error in 0.1s\n") == TestVerdict(0, 1, False)
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("3 passed, 1 failed in 0.12s", PytestSummary(passed=3, failed=1)),
+    ("1 failed, 3 passed in 0.12s", PytestSummary(passed=3, failed=1)),
+    ("2 failed, 1 passed, 3 errors in 1.50s", PytestSummary(passed=1, failed=2, errors=3)),
+    ("1 error in 0.05s", PytestSummary(errors=1)),
+    ("==== 4 passed, 1 skipped, 2 xfailed, 1 xpassed, 2 warnings in 0.30s ====",
+     PytestSummary(passed=4, skipped=1, xfailed=2, xpassed=1, warnings=2)),
+    ("========= 7 passed, 1 warning, 5 deselected in 61.02s (0:01:01) =========",
+     PytestSummary(passed=7, warnings=1, deselected=5)),
+    ("1 passed, 2 rerun in 0.4s", PytestSummary(passed=1, rerun=2)),
+])
+def test_parse_pytest_summary_reads_every_count(line: str, expected: PytestSummary):
+    assert parse_pytest_summary(line) == expected
+
+
+@pytest.mark.parametrize("line", [
+    "no tests ran in 0.01s", "3 passed", "3 passed in", "PASSED tests/t.py::test_a", "3 hacked in 0.1s",
+    "1 passed, 1 passed in 0.1s", "Interrupted: 1 error during collection", "x 3 passed in 0.1s",
+])
+def test_parse_pytest_summary_refuses_other_lines(line: str):
+    assert parse_pytest_summary(line) is None
+
+
+def test_parse_pytest_quiet_output_lists_only_failures():
+    """`pytest -q` (no -rA): counts from the last line, each failure or error named once above it."""
+    text = """\
+..F.E                                                                    [100%]
+=================================== FAILURES ===================================
+___________________________________ test_c ____________________________________
+E       assert 1 == 2
+=========================== short test summary info ============================
+FAILED tests/test_outputs.py::test_c - assert 1 == 2
+ERROR tests/test_outputs.py::test_e - RuntimeError: fixture broke
+1 failed, 3 passed, 1 error in 0.12s
+"""
+    verdict = parse_test_output(text)
+    assert verdict == TestVerdict(passed=3, failed=2, all_passed=False) and verdict.fraction == 3 / 5
+    assert failing_tests(text) == ["tests/test_outputs.py::test_c", "tests/test_outputs.py::test_e"]
+    assert parse_test_output("....                    [100%]\n4 passed in 0.02s\n") == TestVerdict(4, 0, True)
+    assert parse_test_output("2 passed, 1 skipped, 1 xfailed in 0.1s\n") == TestVerdict(2, 0, True)
+    assert parse_test_output("3 skipped in 0.01s\n") == TestVerdict(0, 0, False)  # nothing passed
+
+
+def test_parse_pytest_output_that_contradicts_itself_earns_nothing():
+    # a failing test's captured output (shown under FAILURES) forging a clean run
+    forged = "F.\n---- Captured stdout call ----\n5 passed in 0.01s\nFAILED t.py::test_a - x\n1 failed, 1 passed in 0.1s\n"
+    assert parse_test_output(forged) == TestVerdict(0, 1, False)
+    # fewer failure lines than the summary's failures, or more
+    assert parse_test_output("FAILED t.py::test_a\n2 failed, 1 passed in 0.1s\n") == TestVerdict(0, 1, False)
+    assert parse_test_output("FAILED t.py::a\nFAILED t.py::b\n1 failed in 0.1s\n") == TestVerdict(0, 2, False)
