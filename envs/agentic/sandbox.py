@@ -163,8 +163,12 @@ def available_backends() -> list[str]:
 
 
 def docker_command(image: str, workspace: Path, command: str, limits: SandboxLimits | None = None,
-                   name: str | None = None) -> list[str]:
+                   name: str | None = None, target: str = WORKSPACE,
+                   env: dict[str, str] | None = None) -> list[str]:
     """The `docker run` argument list for one command with the sandbox's isolation and limits.
+
+    The workspace is bound at `target` (the working directory); `env` replaces entries of
+    `SANDBOX_ENV` (an image whose tools live elsewhere needs its own PATH).
 
     The wall timeout is the caller's: give a `name` and `docker kill` it when time is up.
     Memory and processes use cgroups here (`--memory`, `--pids-limit`), so they count the whole
@@ -192,10 +196,10 @@ def docker_command(image: str, workspace: Path, command: str, limits: SandboxLim
         "--user", f"{SANDBOX_UID}:{SANDBOX_UID}",
         "--ipc", "private",
         "--hostname", "sandbox",
-        "--mount", f"type=bind,source={host_dir},target={WORKSPACE}",
-        "--workdir", WORKSPACE,
+        "--mount", f"type=bind,source={host_dir},target={target}",
+        "--workdir", target,
     ]
-    for key, value in SANDBOX_ENV.items():
+    for key, value in {**SANDBOX_ENV, **(env or {})}.items():
         argv += ["--env", f"{key}={value}"]
     return argv + [image, "/bin/bash", "-c", command]
 

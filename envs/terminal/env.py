@@ -33,7 +33,7 @@ import stat
 import statistics
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from clawr1.environment import ChatClient, EpisodeResult
 from envs.agentic.agent import (AgentTask, Grade, ScriptedAgent, ToolOutcome, call_turn, evaluate_tasks, pass_rates,
@@ -90,6 +90,8 @@ def stdin_script(name: str, before: str = "") -> str:
 
 @dataclass
 class TerminalEnvConfig:
+    env_name: ClassVar[str] = "terminal"  # in error messages (subclasses configure other environments)
+
     tasks: str = ""  # a task directory or a directory of them; "": the bundled set
     backend: str = "auto"
     max_turns: int = 12
@@ -106,12 +108,13 @@ class TerminalEnvConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(args) - known)
         if unknown:
-            raise ValueError(f"terminal env: unknown arg(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+            raise ValueError(f"{cls.env_name} env: unknown arg(s) {', '.join(unknown)}; "
+                             f"known: {', '.join(sorted(known))}")
         cfg = cls(**args)
         if cfg.max_turns < 1:
-            raise ValueError(f"terminal env: max_turns must be >= 1, got {cfg.max_turns}")
+            raise ValueError(f"{cls.env_name} env: max_turns must be >= 1, got {cfg.max_turns}")
         if cfg.heldout_every < 2:
-            raise ValueError(f"terminal env: heldout_every must be >= 2 (1 would hold out every task), "
+            raise ValueError(f"{cls.env_name} env: heldout_every must be >= 2 (1 would hold out every task), "
                              f"got {cfg.heldout_every}")
         cfg.limits()  # SandboxLimits refuses non-positive values
         return cfg
@@ -122,7 +125,7 @@ class TerminalEnvConfig:
                                  file_size_mb=self.file_size_mb, timeout_s=self.command_timeout_s, tmp_mb=self.tmp_mb,
                                  max_output_bytes=self.max_output_bytes)
         except ValueError as e:
-            raise ValueError(f"terminal env: {e}") from None
+            raise ValueError(f"{self.env_name} env: {e}") from None
 
 
 class TaskSetupError(RuntimeError):
@@ -168,12 +171,12 @@ def _is_text(value: str, allow_nul: bool) -> bool:
     return allow_nul or "\x00" not in value
 
 
-def workspace_relative(path: str) -> str:
-    """A write_file path relative to the workspace (an absolute path under /workspace is accepted)."""
+def workspace_relative(path: str, tool: str = "write_file") -> str:
+    """A file tool's path relative to the workspace (an absolute path under /workspace is accepted)."""
     if path == WORKSPACE or path.startswith(WORKSPACE + "/"):
         path = path[len(WORKSPACE):].lstrip("/")
     if not path or path.startswith("/"):
-        raise BadCall(f"write_file: path must be a file in {WORKSPACE}, relative to it, got {path!r}")
+        raise BadCall(f"{tool}: path must be a file in {WORKSPACE}, relative to it, got {path!r}")
     return path
 
 
@@ -207,6 +210,11 @@ class TerminalWorld:
             raise TaskSetupError(f"task {self.task.id}: setup.sh failed (exit code {result.exit_code}, "
                                  f"timed out: {result.timed_out}): {result.output[-500:]}")
 
+    @property
+    def agent_timeout_s(self) -> float:
+        """Wall seconds of commands the agent may use in the episode."""
+        return self.task.agent_timeout_s
+
     # -- tools
     def call(self, name: str, arguments: str) -> ToolOutcome:
         try:
@@ -220,10 +228,10 @@ class TerminalWorld:
             return ToolOutcome("", ok=False, error=str(e))
 
     def _bash(self, command: str) -> ToolOutcome:
-        remaining = self.task.agent_timeout_s - self.command_s
+        remaining = self.agent_timeout_s - self.command_s
         if remaining <= 0:
             return ToolOutcome("", ok=False, submitted=True, error=f"the task's time limit "
-                               f"({self.task.agent_timeout_s:g} s of commands) is used up: the episode ends")
+                               f"({self.agent_timeout_s:g} s of commands) is used up: the episode ends")
         timeout = min(self.cfg.command_timeout_s, remaining)
         result = self.sandbox.run(command, timeout_s=timeout)
         self.command_s += result.wall_s
@@ -302,14 +310,20 @@ def split(tasks: list[TerminalTask], every: int) -> tuple[list[TerminalTask], li
 
 
 class TerminalEnv:
-    """A `clawr1.environment.TaskEnvironment` over Terminal-Bench-style task directories, in a sandbox."""
+    """A `clawr1.environment.TaskEnvironment` over Terminal-Bench-style task directories, in a sandbox.
+
+    Other sandboxed task environments (envs/swe) subclass it and replace the hooks: `config_class`,
+    `load_tasks`, `agent_task`, `make_world`, `play` and `oracle_script`.
+    """
 
     eval_metrics = ("pass_rate", "mean_turns")
+    config_class: ClassVar[type[TerminalEnvConfig]] = TerminalEnvConfig
 
     def __init__(self, args: dict[str, Any], seed: int = 0):
-        self.cfg = TerminalEnvConfig.from_args(args)
+        self.cfg = self.config_class.from_args(args)
+        self.name = self.cfg.env_name
         self.seed = seed
-        self.all_tasks = load_tasks(self.cfg.tasks or BUNDLED_TASKS)
+        self.all_tasks = self.load_tasks(self.cfg.tasks or None)
         self.train_set, self.heldout_set = split(self.all_tasks, self.cfg.heldout_every)
         self._known: dict[str, TerminalTask] = {t.id: t for t in self.all_tasks}
         self._overhead_s: Optional[float] = None
@@ -324,11 +338,18 @@ class TerminalEnv:
         elif spec in ("train", "heldout"):
             chosen = self.train_set if spec == "train" else self.heldout_set
         else:
-            chosen = load_tasks(Path(spec))
+            chosen = self.load_tasks(spec)
         self._known.update({t.id: t for t in chosen})
         return list(chosen)
 
+    def load_tasks(self, path: Optional[str]) -> list[TerminalTask]:
+        """The tasks at `path` (None: the bundled set)."""
+        return load_tasks(Path(path) if path else BUNDLED_TASKS)
+
     # -- playing
+    def agent_task(self, task: TerminalTask) -> AgentTask:
+        return agent_task(task, self.cfg.max_turns)
+
     def make_world(self, task: TerminalTask) -> TerminalWorld:
         """A fresh episode world for `task` (blocking: copies the workspace and runs setup.sh)."""
         return TerminalWorld(task, self.cfg)
@@ -347,15 +368,19 @@ class TerminalEnv:
         self._known[task.id] = task
         world = await self._open_world(task)
         try:
-            return await run_episode(client, agent_task(task, self.cfg.max_turns), world, session_id, side=side,
-                                     group_id=group_id)
+            return await self.play(client, task, world, session_id, side=side, group_id=group_id)
         finally:
             world.close()
+
+    async def play(self, client: ChatClient, task: TerminalTask, world: TerminalWorld, session_id: str, *,
+                   side: bool, group_id: str) -> EpisodeResult:
+        """One episode of `task` in `world` (the agent loop of envs/agentic/agent.py)."""
+        return await run_episode(client, self.agent_task(task), world, session_id, side=side, group_id=group_id)
 
     async def episode(self, client: ChatClient, session_id: str, rng: random.Random) -> dict[str, float]:
         """One random training task, reported to the judge; its metrics."""
         if not self.train_set:
-            raise ValueError(f"terminal env: no training tasks (the set has {len(self.all_tasks)})")
+            raise ValueError(f"{self.name} env: no training tasks (the set has {len(self.all_tasks)})")
         result = await self.run_task(client, rng.choice(self.train_set), session_id, side=False)
         self.counts["episodes"] += 1
         self.counts["episodes_passed"] += result.passed
@@ -376,14 +401,17 @@ class TerminalEnv:
     def scripted_agent(self, kind: str) -> ScriptedAgent:
         """"oracle": runs each task's solution.sh with one bash call, then submits; "null": submits at once."""
         if kind == "oracle":
-            return ScriptedAgent(lambda task_id: oracle_script(self._task(task_id)))
+            return ScriptedAgent(lambda task_id: self.oracle_script(self._task(task_id)))
         if kind == "null":
             return ScriptedAgent(lambda task_id: [call_turn([("submit", {})])])
-        raise ValueError(f"terminal env: unknown scripted agent {kind!r}; use 'oracle' or 'null'")
+        raise ValueError(f"{self.name} env: unknown scripted agent {kind!r}; use 'oracle' or 'null'")
+
+    def oracle_script(self, task: TerminalTask) -> list:
+        return oracle_script(task)
 
     def _task(self, task_id: str) -> TerminalTask:
         if task_id not in self._known:
-            raise KeyError(f"terminal env: task {task_id!r} is not among the tasks this env has loaded")
+            raise KeyError(f"{self.name} env: task {task_id!r} is not among the tasks this env has loaded")
         return self._known[task_id]
 
     def sandbox_overhead_s(self) -> Optional[float]:

@@ -268,7 +268,11 @@ def parse_test_output(stdout: str) -> TestVerdict:
     return TestVerdict(passed=passed, failed=failed, all_passed=bool(summaries) and failed == 0 and passed >= 1)
 
 
+def reported_test_lines(stdout: str) -> list[tuple[str, str]]:
+    """The (status, test name) of every `PASSED|FAILED|ERROR <name>` line (pytest's `-rA` summary), in order."""
+    return [(m.group(1), m.group(2)) for line in stdout.splitlines() if (m := _TEST_LINE.match(line))]
+
+
 def failing_tests(stdout: str) -> list[str]:
     """Names of the tests that run-tests.sh's stdout reports FAILED (or ERROR), in order, each once."""
-    names = [m.group(2) for line in stdout.splitlines() if (m := _TEST_LINE.match(line)) and m.group(1) != "PASSED"]
-    return list(dict.fromkeys(names))
+    return list(dict.fromkeys(name for status, name in reported_test_lines(stdout) if status != "PASSED"))
