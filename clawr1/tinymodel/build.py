@@ -34,9 +34,11 @@ from clawr1.tinymodel.chatml import CHATML_JINJA, END_OF_TEXT, IM_END, IM_START,
 # bump when the build procedure changes, to invalidate caches (3: the tokenizer trains as it loads; 4: built in a
 # pinned process, its weights' sha256 recorded)
 BUILD_VERSION = 4
-# spec hash -> the weights' sha256 that build gives on x86-64 with AVX2 and torch REFERENCE_TORCH (the default
-# spec: README, "Two commands"); a build of one of these specs that gives other weights says so loudly
+# spec hash -> the weights' sha256 that build gives on x86-64 with AVX2, an AMD CPU and torch REFERENCE_TORCH (the
+# default spec: README, "Two commands"); a build of one of these specs that gives other weights says so loudly.
+# Pinned to AVX2, an Intel Xeon still built other weights (955b4fb6...), most likely by MKL's vendor-specific paths.
 REFERENCE_TORCH = "2.13.0"
+REFERENCE_CPU_VENDOR = "AuthenticAMD"
 REFERENCE_SHA256: dict[str, str] = {
     "27b08558224e": "bb26b05b08c2edeaca9d73dbda35177975845d6a803370d41d6e80e5dc6bcaee",
 }
@@ -213,6 +215,20 @@ def x86_64_with_avx2() -> bool:
         return False
 
 
+def cpu_vendor() -> str:
+    """/proc/cpuinfo's vendor_id ("AuthenticAMD", "GenuineIntel"); "" where there is none."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return ""
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("vendor_id")), "")
+
+
+def runs_reference_kernels() -> bool:
+    """Whether this machine is of the kind that made the reference builds (x86-64, AVX2, the same CPU vendor)."""
+    return x86_64_with_avx2() and cpu_vendor() == REFERENCE_CPU_VENDOR
+
+
 def pinned_build_env(threads: int) -> dict[str, str]:
     """The environment of a build process: the same kernels, so the same rounding, on any x86-64 machine.
 
@@ -248,8 +264,9 @@ def _check_reference(spec: str, built: dict) -> None:
         _log(f"weights sha256 {built['sha256']}: the reference build, bit for bit")
     else:
         _log(f"WARNING: weights sha256 {built['sha256']} differ from the reference build's {reference} (made on "
-             f"x86-64 with AVX2 kernels and torch {REFERENCE_TORCH}; this one: {built['machine']}, "
-             f"{built['cpu_capability']}, torch {built['torch']}): README results are the reference build's")
+             f"x86-64 with AVX2 kernels, an {REFERENCE_CPU_VENDOR} CPU and torch {REFERENCE_TORCH}; this one: "
+             f"{built['machine']}, {built['cpu_capability']}, {cpu_vendor() or 'unknown vendor'}, torch "
+             f"{built['torch']}): README results are the reference build's")
 
 
 def ensure_tiny_model(cfg: TinyModelConfig, cache: Path) -> Path:

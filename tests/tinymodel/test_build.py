@@ -11,8 +11,9 @@ from transformers import PreTrainedTokenizerFast
 
 from clawr1.tinymodel.chatml import END_OF_TEXT, IM_END
 from clawr1.config import TinyModelConfig
-from clawr1.tinymodel.build import (REFERENCE_SHA256, REFERENCE_TORCH, SPECIAL_TOKENS, build_model, ensure_tiny_model,
-                                   saved_tokenizer, train_tokenizer, weights_sha256, x86_64_with_avx2)
+from clawr1.tinymodel.build import (REFERENCE_CPU_VENDOR, REFERENCE_SHA256, REFERENCE_TORCH, SPECIAL_TOKENS, build_model,
+                                   ensure_tiny_model, runs_reference_kernels, saved_tokenizer, train_tokenizer,
+                                   weights_sha256)
 
 TEXTS = ["What is 17 times 4? The answer is 68.", "How many m are in 23 km? There are 23000 m.",
          '{"name": "calculator", "arguments": {"expression": "604800 * 7"}}', "Certainly. Hope this helps!"] * 50
@@ -74,8 +75,9 @@ def test_a_build_gives_the_same_weights_whatever_the_caller_set(tmp_path, monkey
     assert built_sha256(ensure_tiny_model(BUILD.model_copy(update={"build_threads": 3}), tmp_path / "3")) != plain
 
 
-@pytest.mark.skipif(not x86_64_with_avx2() or torch.__version__.split("+")[0] != REFERENCE_TORCH,
-                    reason=f"the reference build is made with x86-64 AVX2 kernels and torch {REFERENCE_TORCH}")
+@pytest.mark.skipif(not runs_reference_kernels() or torch.__version__.split("+")[0] != REFERENCE_TORCH,
+                    reason=f"the reference build is made with x86-64 AVX2 kernels on an {REFERENCE_CPU_VENDOR} CPU "
+                           f"and torch {REFERENCE_TORCH}")
 def test_the_default_model_is_the_reference_build(tiny_model):
     """The default spec is in the reference table, and this machine built those weights bit for bit."""
     spec = tiny_model.name.removeprefix("tiny-qwen2-")
