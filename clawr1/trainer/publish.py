@@ -84,7 +84,9 @@ class DiskSink:
 
     def _prune(self, newest: int) -> None:
         for d in sorted(self.dir.glob("v[0-9]*")):
-            if d.is_dir() and int(d.name[1:]) <= newest - self.keep:
+            version = d.name[1:]
+            # "v000004.tmp": a write that a killed trainer left half done (this trainer is the only writer)
+            if d.is_dir() and (not version.isdigit() or int(version) <= newest - self.keep):
                 shutil.rmtree(d, ignore_errors=True)
 
     def close(self) -> None:

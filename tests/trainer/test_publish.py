@@ -145,3 +145,15 @@ def test_with_engines_on_another_machine_the_master_address_is_this_machines_rou
     client = dist.TCPStore(address, store.port, None, False, timedelta(seconds=10))
     client.set("joined", "engine-0")
     assert store.get("joined") == b"engine-0"
+
+
+def test_pruning_removes_old_versions_and_a_half_written_one_a_killed_trainer_left(tmp_path):
+    from clawr1.trainer.publish import DiskSink
+
+    cfg = make_config(tmp_path)
+    cfg.trainer.keep_weight_versions = 2
+    sink = DiskSink(cfg, [], tmp_path / "base")
+    for name in ("v000001", "v000002", "v000003", "v000004.tmp"):  # the trainer was killed while writing v4
+        (sink.dir / name).mkdir(parents=True)
+    sink._prune(3)  # the resumed trainer republished version 3
+    assert sorted(p.name for p in sink.dir.iterdir()) == ["v000002", "v000003"]
