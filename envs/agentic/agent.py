@@ -98,9 +98,15 @@ async def run_episode(client: ChatClient, task: AgentTask, world: World, session
             break
         if await _run_calls(turn, world, messages, result):
             break
+    return await finish_episode(client, world, messages, result, session_id, side=side, started=t0)
+
+
+async def finish_episode(client: ChatClient, world: World, messages: list[dict], result: EpisodeResult,
+                         session_id: str, *, side: bool, started: float) -> EpisodeResult:
+    """Grade the finished episode into `result` and report the outcome through `client` (unless `side`)."""
     grade = await asyncio.to_thread(world.grade, messages)
     result.passed, result.reward, result.details = grade.passed, grade.reward, grade.details
-    result.wall_s = time.monotonic() - t0
+    result.wall_s = time.monotonic() - started
     if not side:
         await client.complete(session_id, reward=grade.reward, text=grade.feedback)
     return result

@@ -22,7 +22,6 @@ resolved, else -1, reported through the outcome endpoint with the failing tests'
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
@@ -32,7 +31,8 @@ from envs.agentic.sandbox import WORKSPACE, Sandbox, SandboxError
 from envs.swe.grading import agent_diff, grade_patch
 from envs.swe.tasks import BUNDLED_TASKS, SweTask, TaskFormatError, load_tasks, prepared_repo
 from envs.swe.text_mode import SUBMIT_COMMAND, TEXT_SYSTEM_PROMPT, run_text_episode, text_turn
-from envs.terminal.env import BadCall, TerminalEnv, TerminalEnvConfig, TerminalWorld, _is_text, workspace_relative
+from envs.terminal.env import (BadCall, TerminalEnv, TerminalEnvConfig, TerminalWorld, _is_text, decode_arguments,
+                               workspace_relative)
 
 GOLD_PATCH_END = "CLAWR1_GOLD_PATCH_END"
 
@@ -81,21 +81,8 @@ MODES = ("tools", "text")
 
 def parse_arguments(name: str, arguments: str) -> dict[str, Any]:
     """The call's arguments checked against the tool's schema (required keys, no others, types)."""
-    if name not in SCHEMAS:
-        raise BadCall(f"unknown tool {name!r}; the tools are {', '.join(SCHEMAS)}")
-    try:
-        args = json.loads(arguments) if arguments.strip() else {}
-    except json.JSONDecodeError as e:
-        raise BadCall(f"arguments are not valid JSON: {e}") from None
-    if not isinstance(args, dict):
-        raise BadCall(f"arguments must be a JSON object, got {type(args).__name__}")
-    schema = SCHEMAS[name]
-    missing = [key for key in schema["required"] if key not in args]
-    extra = sorted(set(args) - set(schema["properties"]))
-    if missing or extra:
-        problems = ([f"missing argument(s) {', '.join(missing)}"] if missing else []) + \
-                   ([f"unexpected argument(s) {', '.join(extra)}"] if extra else [])
-        raise BadCall(f"{name}: {'; '.join(problems)}; it takes ({', '.join(schema['properties'])})")
+    schema = SCHEMAS.get(name, {"required": [], "properties": {}})
+    args = decode_arguments(name, arguments, SCHEMAS, schema["required"], list(schema["properties"]))
     for key, value in args.items():
         kind = schema["properties"][key]["type"]
         if not isinstance(value, PYTHON_TYPES[kind]) or isinstance(value, bool):

@@ -15,7 +15,7 @@ import re
 import time
 
 from clawr1.environment import AssistantTurn, ChatClient, EpisodeResult
-from envs.agentic.agent import AgentTask, World
+from envs.agentic.agent import AgentTask, World, finish_episode
 from envs.agentic.sandbox import WORKSPACE
 
 SUBMIT_SENTINEL = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
@@ -81,9 +81,4 @@ async def run_text_episode(client: ChatClient, task: AgentTask, world: World, se
         if submitted(out.output) or out.submitted:
             break
         messages.append({"role": "user", "content": out.message_content()})
-    grade = await asyncio.to_thread(world.grade, messages)
-    result.passed, result.reward, result.details = grade.passed, grade.reward, grade.details
-    result.wall_s = time.monotonic() - t0
-    if not side:
-        await client.complete(session_id, reward=grade.reward, text=grade.feedback)
-    return result
+    return await finish_episode(client, world, messages, result, session_id, side=side, started=t0)

@@ -136,23 +136,29 @@ class BadCall(ValueError):
     """A tool call the world refuses: malformed JSON, an unknown tool, missing or wrong arguments."""
 
 
-def parse_arguments(name: str, arguments: str) -> dict[str, str]:
-    """The call's arguments, checked against the tool's schema (every argument a required string)."""
-    if name not in TOOL_PARAMETERS:
-        raise BadCall(f"unknown tool {name!r}; the tools are {', '.join(TOOL_PARAMETERS)}")
+def decode_arguments(name: str, arguments: str, tools: dict, required: list[str], known: list[str]) -> dict[str, Any]:
+    """The call's arguments as a JSON object holding every `required` key and no key outside `known`."""
+    if name not in tools:
+        raise BadCall(f"unknown tool {name!r}; the tools are {', '.join(tools)}")
     try:
         args = json.loads(arguments) if arguments.strip() else {}
     except json.JSONDecodeError as e:
         raise BadCall(f"arguments are not valid JSON: {e}") from None
     if not isinstance(args, dict):
         raise BadCall(f"arguments must be a JSON object, got {type(args).__name__}")
-    expected = TOOL_PARAMETERS[name]
-    missing = [key for key in expected if key not in args]
-    extra = sorted(set(args) - set(expected))
+    missing = [key for key in required if key not in args]
+    extra = sorted(set(args) - set(known))
     if missing or extra:
         problems = ([f"missing argument(s) {', '.join(missing)}"] if missing else []) + \
                    ([f"unexpected argument(s) {', '.join(extra)}"] if extra else [])
-        raise BadCall(f"{name}: {'; '.join(problems)}; it takes ({', '.join(expected)})")
+        raise BadCall(f"{name}: {'; '.join(problems)}; it takes ({', '.join(known)})")
+    return args
+
+
+def parse_arguments(name: str, arguments: str) -> dict[str, str]:
+    """The call's arguments, checked against the tool's schema (every argument a required string)."""
+    expected = TOOL_PARAMETERS.get(name, [])
+    args = decode_arguments(name, arguments, TOOL_PARAMETERS, expected, expected)
     wrong = [key for key in expected if not isinstance(args[key], str)]
     if wrong:
         raise BadCall(f"{name}: argument(s) {', '.join(wrong)} must be strings")

@@ -6,7 +6,6 @@ at once, and tampering agents try to get a pass without the fix.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import socket
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from clawr1.bench import load_environment
-from clawr1.environment import AssistantTurn, EpisodeResult, TaskEnvironment
+from clawr1.environment import AssistantTurn, TaskEnvironment
 from envs.agentic.agent import ScriptedAgent, call_turn
 from envs.agentic.sandbox import available_backends
 from envs.swe import env as swe_env
@@ -28,6 +27,7 @@ from envs.swe.grading import grade_patch
 from envs.swe.tasks import SweTask
 from envs.swe.text_mode import FORMAT_REMINDER, SUBMIT_COMMAND, parse_command, text_turn
 from tests.conftest import REPO
+from tests.envs.test_terminal_env import SUBMIT, bash, play, script, write  # the same scripted-agent helpers
 
 pytestmark = pytest.mark.skipif(not available_backends(), reason="no isolating sandbox backend (bwrap, unshare) "
                                                                  "works on this machine")
@@ -42,32 +42,6 @@ def by_id(env: SweEnv, task_id: str) -> SweTask:
     return next(t for t in env.tasks() if t.id == task_id)
 
 
-def play(env: SweEnv, agent, tasks: list[SweTask], prefix: str = "s", **kw) -> list[EpisodeResult]:
-    """Run every task with `agent`, two at a time (two cores)."""
-    async def main() -> list[EpisodeResult]:
-        slots = asyncio.Semaphore(2)
-
-        async def one(i: int, task: SweTask) -> EpisodeResult:
-            async with slots:
-                return await env.run_task(agent, task, f"{prefix}-{i}", **kw)
-
-        return await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks)))
-    return asyncio.run(main())
-
-
-def script(*turns: AssistantTurn) -> ScriptedAgent:
-    return ScriptedAgent(lambda task_id: list(turns))
-
-
-def bash(command: str) -> AssistantTurn:
-    return call_turn([("bash", {"command": command})])
-
-
-def write(path: str, content: str) -> AssistantTurn:
-    return call_turn([("write_file", {"path": path, "content": content})])
-
-
-SUBMIT = call_turn([("submit", {})])
 SLUG = "slugkit-1"  # FAIL_TO_PASS: tests/test_text.py::test_slugify_max_length_never_ends_with_separator
 SLUG_FIX = ("slugkit/text.py", "        slug = slug[:max_length]\n",  # path, old_str, new_str: the gold fix
             "        slug = slug[:max_length].rstrip(separator)\n")
