@@ -38,6 +38,16 @@ class Interval:
     def shift(self, offset: Any) -> Interval:
         return Interval(self.start + offset, self.end + offset)
 
+    def covers(self, other: Interval) -> bool:
+        """Whether `other` lies entirely within this interval."""
+        return self.start <= other.start and other.end <= self.end
+
+    def split(self, point: Any) -> tuple[Interval, Interval]:
+        """The parts before `point` and from `point` on; `point` must lie within [start, end]."""
+        if not self.start <= point <= self.end:
+            raise ValueError(f"cannot split {self} at {point!r}: outside the interval")
+        return Interval(self.start, point), Interval(point, self.end)
+
 
 def merge(intervals: Iterable[Interval]) -> list[Interval]:
     """The union as sorted, disjoint intervals; touching intervals are joined, empty ones dropped."""

@@ -42,3 +42,16 @@ def test_gaps_inside_window():
 def test_total_length_counts_overlap_once():
     assert total_length([Interval(0, 4), Interval(2, 6)]) == 6
     assert total_length([]) == 0
+
+
+def test_covers():
+    assert Interval(0, 10).covers(Interval(2, 10))
+    assert Interval(0, 10).covers(Interval(0, 10))
+    assert not Interval(0, 10).covers(Interval(5, 11))
+
+
+def test_split():
+    assert Interval(0, 10).split(4) == (Interval(0, 4), Interval(4, 10))
+    assert Interval(0, 10).split(0) == (Interval(0, 0), Interval(0, 10))
+    with pytest.raises(ValueError):
+        Interval(0, 10).split(11)
