@@ -222,6 +222,8 @@ def main(args) -> int:
     scores = asyncio.run(_with_agent(env, tasks, args, echo))
     summary = {"benchmark": "bench", "env": args.env, "task_set": args.tasks or "default", "agent": args.agent,
                **summarize(scores, args.samples), "wall_s": round(time.monotonic() - t0, 1)}
+    if getattr(env, "pass_name", ""):  # what the environment calls a pass (SWE: resolved_rate), beside pass@1
+        summary[env.pass_name] = summary["pass@1"]
     overhead = env.sandbox_overhead_s()
     summary["sandbox_overhead_ms_per_command"] = None if overhead is None else round(overhead * 1000, 2)
     out = report_prefix(args.env, args.tasks, args.agent, args.out)

@@ -128,6 +128,16 @@ class Rollout:
             sub.close(0)
 
 
+def raise_worker_failure(workers: list[asyncio.Task]) -> None:
+    """An episode that raised something other than a network error is a bug in the environment: stop the loop
+    with it (so `clawr1 run` stops and names the loop) instead of running on with one worker fewer."""
+    for worker in workers:
+        if worker.done() and not worker.cancelled() and worker.exception() is not None:
+            error = worker.exception()
+            log.error("an episode raised %s: %s; stopping", type(error).__name__, error)
+            raise error
+
+
 def done_file(cfg: Config):
     """Written once the final version is evaluated: `clawr1 run` waits for it before stopping the loops."""
     return ready_file(cfg, "rollout").with_suffix(".done")
@@ -156,13 +166,15 @@ async def run(cfg: Config, stop: asyncio.Event) -> None:
     mark_ready(cfg, "rollout")
     if every:
         await ro.evaluate(0)
-    tasks += [asyncio.create_task(ro.worker(i)) for i in range(cfg.rollout.concurrency)]
+    workers = [asyncio.create_task(ro.worker(i)) for i in range(cfg.rollout.concurrency)]
+    tasks += workers
     try:
         while not stop.is_set():
             try:
                 await asyncio.wait_for(stop.wait(), timeout=10)
             except asyncio.TimeoutError:
                 ro.report()
+            raise_worker_failure(workers)
         log.info("stopping: %d episodes done", ro.episodes)
     finally:
         ro.report()

@@ -141,6 +141,20 @@ async def evaluate_tasks(run_task: Any, client: ChatClient, tasks: list[Any], se
     return list(await asyncio.gather(*(play(i, t) for i, t in enumerate(tasks))))
 
 
+async def play_group(run_task: Any, client: ChatClient, task: Any, session_id: str, size: int) -> list[EpisodeResult]:
+    """`size` training attempts at one task, concurrently: one GRPO group (a shared group id) when size > 1."""
+    if size == 1:
+        return [await run_task(client, task, session_id, side=False)]
+    return list(await asyncio.gather(*(run_task(client, task, f"{session_id}-{i}", side=False, group_id=session_id)
+                                       for i in range(size))))
+
+
+def group_metrics(results: list[EpisodeResult]) -> dict[str, float]:
+    """A training group's metrics: each episode metric's mean over the attempts."""
+    per_episode = [r.metrics() for r in results]
+    return {name: sum(m[name] for m in per_episode) / len(per_episode) for name in per_episode[0]}
+
+
 def pass_rates(results: list[EpisodeResult]) -> dict[str, float]:
     """The headline of an evaluation: pass rate, mean turns and tool errors (and timeouts) per task."""
     k = max(1, len(results))

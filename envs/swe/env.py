@@ -193,6 +193,7 @@ class SweEnv(TerminalEnv):
     """A `clawr1.environment.TaskEnvironment` over SWE-bench instance rows, in a sandbox."""
 
     eval_metrics = ("pass_rate", "mean_turns")  # pass_rate is the resolved rate
+    pass_name = "resolved_rate"  # `clawr1 bench` reports pass@1 under this name too
     config_class = SweEnvConfig
 
     def load_tasks(self, path: Optional[str]) -> list[SweTask]:

@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any, ClassVar, Optional
 
 from clawr1.environment import ChatClient, EpisodeResult
-from envs.agentic.agent import (AgentTask, Grade, ScriptedAgent, ToolOutcome, call_turn, evaluate_tasks, pass_rates,
-                                run_episode)
+from envs.agentic.agent import (AgentTask, Grade, ScriptedAgent, ToolOutcome, call_turn, evaluate_tasks, group_metrics,
+                                pass_rates, play_group, run_episode)
 from envs.agentic.sandbox import WORKSPACE, CommandResult, Sandbox, SandboxError, SandboxLimits
 from envs.terminal.tasks import BUNDLED_TASKS, TerminalTask, failing_tests, grader_files, load_tasks, \
     parse_test_output
@@ -95,6 +95,7 @@ class TerminalEnvConfig:
     tasks: str = ""  # a task directory or a directory of them; "": the bundled set
     backend: str = "auto"
     max_turns: int = 12
+    group_size: int = 1  # attempts of the same task per training episode, one GRPO group (match pool.group_size)
     heldout_every: int = 5  # every Nth task by sorted id is held out for evaluate
     command_timeout_s: float = 30.0  # one bash call
     memory_mb: int = 2048  # address space of each process
@@ -113,6 +114,8 @@ class TerminalEnvConfig:
         cfg = cls(**args)
         if cfg.max_turns < 1:
             raise ValueError(f"{cls.env_name} env: max_turns must be >= 1, got {cfg.max_turns}")
+        if cfg.group_size < 1:
+            raise ValueError(f"{cls.env_name} env: group_size must be >= 1, got {cfg.group_size}")
         if cfg.heldout_every < 2:
             raise ValueError(f"{cls.env_name} env: heldout_every must be >= 2 (1 would hold out every task), "
                              f"got {cfg.heldout_every}")
@@ -384,16 +387,18 @@ class TerminalEnv:
         return await run_episode(client, self.agent_task(task), world, session_id, side=side, group_id=group_id)
 
     async def episode(self, client: ChatClient, session_id: str, rng: random.Random) -> dict[str, float]:
-        """One random training task, reported to the judge; its metrics."""
+        """`group_size` attempts at one random training task (one GRPO group), reported to the judge; their mean
+        metrics."""
         if not self.train_set:
             raise ValueError(f"{self.name} env: no training tasks (the set has {len(self.all_tasks)})")
-        result = await self.run_task(client, rng.choice(self.train_set), session_id, side=False)
-        self.counts["episodes"] += 1
-        self.counts["episodes_passed"] += result.passed
-        self.counts["tool_calls"] += result.tool_calls
-        self.counts["tool_errors"] += result.tool_errors
-        self.counts["timeouts"] += result.timeouts
-        return result.metrics()
+        results = await play_group(self.run_task, client, rng.choice(self.train_set), session_id, self.cfg.group_size)
+        for result in results:
+            self.counts["episodes"] += 1
+            self.counts["episodes_passed"] += result.passed
+            self.counts["tool_calls"] += result.tool_calls
+            self.counts["tool_errors"] += result.tool_errors
+            self.counts["timeouts"] += result.timeouts
+        return group_metrics(results)
 
     async def evaluate(self, client: ChatClient, n: int, session_prefix: str) -> dict[str, float]:
         """Up to `n` held-out tasks (the same ones every time) as side turns, EVAL_CONCURRENCY at a time."""

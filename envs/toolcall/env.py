@@ -18,13 +18,13 @@ named by the `tasks` arg, read as a task spec ("learnable": its held-out split).
 """
 from __future__ import annotations
 
-import asyncio
 import random
 from dataclasses import dataclass, fields
 from typing import Any, Optional
 
 from clawr1.environment import AssistantTurn, ChatClient, EpisodeResult
-from envs.agentic.agent import AgentTask, ScriptedAgent, World, evaluate_tasks, pass_rates, run_episode
+from envs.agentic.agent import (AgentTask, ScriptedAgent, World, evaluate_tasks, group_metrics, pass_rates,
+                                play_group, run_episode)
 from envs.toolcall import bfcl, learnable, shop
 from envs.toolcall.worlds import BfclWorld, LearnableWorld, ShopWorld
 
@@ -219,16 +219,13 @@ class ToolCallEnv:
 
     async def episode(self, client: ChatClient, session_id: str, rng: random.Random) -> dict[str, float]:
         """`group_size` attempts at one random training task, one GRPO group (reported to the judge); their mean."""
-        task, k = rng.choice(self.train_set), self.cfg.group_size
-        group = session_id if k > 1 else ""
-        results = await asyncio.gather(*(self.run_task(client, task, f"{session_id}-{i}" if k > 1 else session_id,
-                                                       side=False, group_id=group) for i in range(k)))
+        results = await play_group(self.run_task, client, rng.choice(self.train_set), session_id, self.cfg.group_size)
         for result in results:
             self.counts["episodes"] += 1
             self.counts["episodes_passed"] += result.passed
             self.counts["tool_calls"] += result.tool_calls
             self.counts["tool_errors"] += result.tool_errors
-        return {name: sum(r.metrics()[name] for r in results) / k for name in ("passed", "reward", "turns", "tool_errors")}
+        return group_metrics(results)
 
     async def evaluate(self, client: ChatClient, n: int, session_prefix: str) -> dict[str, float]:
         """Up to `n` evaluation tasks (the same ones every time) as side turns, 4 at a time."""

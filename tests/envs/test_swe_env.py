@@ -63,7 +63,6 @@ def test_it_is_a_task_environment_found_by_bench(env: SweEnv):
 def test_oracle_resolves_and_null_fails_every_bundled_task(env: SweEnv):
     tasks = env.tasks()
     oracle, null = env.scripted_agent("oracle"), env.scripted_agent("null")
-    started = time.monotonic()
     resolved = play(env, oracle, tasks, "oracle", side=False)
     unresolved = play(env, null, tasks, "null", side=False)
     assert [r.passed for r in resolved] == [True] * 12, [r.details for r in resolved if not r.passed]
@@ -74,7 +73,6 @@ def test_oracle_resolves_and_null_fails_every_bundled_task(env: SweEnv):
         assert result.details["PASS_TO_PASS"] == {t: "PASSED" for t in task.pass_to_pass}
         assert (result.turns, result.tool_calls, result.tool_errors) == (2, 2, 0)
     assert {r.details["reason"] for r in unresolved} == {"empty diff"}
-    assert time.monotonic() - started < 120
 
 
 def test_the_bench_command_reports_the_resolved_rate(tmp_path: Path):
@@ -85,8 +83,9 @@ def test_the_bench_command_reports_the_resolved_rate(tmp_path: Path):
         return json.loads(done.stdout.strip().splitlines()[-1])
 
     oracle, null = bench("oracle"), bench("null")
-    assert (oracle["tasks"], oracle["pass@1"], oracle["failed"], oracle["mean_turns"]) == (12, 1.0, 0, 2.0)
-    assert (null["pass@1"], null["failed"], null["mean_turns"]) == (0.0, 12, 1.0)
+    assert (oracle["tasks"], oracle["resolved_rate"], oracle["pass@1"], oracle["failed"], oracle["mean_turns"]) == \
+        (12, 1.0, 1.0, 0, 2.0)
+    assert (null["resolved_rate"], null["pass@1"], null["failed"], null["mean_turns"]) == (0.0, 0.0, 12, 1.0)
     report = (tmp_path / "oracle.md").read_text()
     assert "| slugkit-1 | clawr1/slugkit | 1/1 | 2.0 | 0 |" in report
 
@@ -217,7 +216,8 @@ def test_bash_and_write_file_work_in_the_repository(world: SweWorld):
     status = call(world, "bash", command="git status --porcelain && git log --format=%s && pwd")
     assert status == {"ok": True, "exit_code": 0, "output": "?? NOTES.md\nbase\n/workspace\n"}
     tests = call(world, "bash", command="python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tail -1")
-    assert tests["output"].startswith("11 passed")  # the bug's hidden test is not there yet
+    # every test but the bug's hidden one, which is not there yet
+    assert tests["output"].startswith(f"{len(world.task.pass_to_pass)} passed")
     assert call(world, "frobnicate")["error"].startswith("unknown tool 'frobnicate'")
 
 
@@ -259,8 +259,8 @@ def test_a_hostile_patch_is_contained(tmp_path: Path, monkeypatch: pytest.Monkey
                f"for probe in (lambda: socket.create_connection(('127.0.0.1', {port}), timeout=2),\n"
                f"              lambda: open({str(secret)!r}).read(),\n"
                f"              lambda: os.environ['OPENAI_API_KEY']):\n"
-               f"    try:\n        print('LEAK', probe())\n    except Exception as e:\n"
-               f"        print('blocked', type(e).__name__)\n"
+               f"    try:\n        print('LEAK', probe(), flush=True)\n    except Exception as e:\n"
+               f"        print('blocked', type(e).__name__, flush=True)\n"
                f"subprocess.Popen(['bash', '-c', 'bomb() {{ bomb | bomb & }}; bomb; sleep 60 # {tag}'])\n")
     started = time.monotonic()
     try:

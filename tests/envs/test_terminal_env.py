@@ -118,6 +118,25 @@ def test_a_training_episode_reports_its_outcome_to_the_judge(env: TerminalEnv):
     assert (after["episodes"] - before["episodes"], after["episodes_passed"] - before["episodes_passed"]) == (1, 0)
 
 
+def test_a_group_episode_plays_one_task_in_separate_sandboxes_under_one_group_id():
+    grouped = TerminalEnv({"group_size": 3})
+    seen: list[tuple[str, str, str]] = []
+
+    class Recording(ScriptedAgent):
+        async def chat(self, session_id, messages, **kwargs):
+            seen.append((session_id, kwargs["task_id"], kwargs["group_id"]))
+            return await super().chat(session_id, messages, **kwargs)
+
+    agent = Recording(lambda task_id: grouped.oracle_script(grouped._task(task_id)))
+    metrics = asyncio.run(grouped.episode(agent, "g7", random.Random(3)))
+    assert metrics == {"passed": 1.0, "reward": 1.0, "turns": 2.0, "tool_errors": 0.0, "timeouts": 0.0}
+    assert agent.outcomes == {"g7-0": 1.0, "g7-1": 1.0, "g7-2": 1.0}  # each attempt graded on its own
+    assert {group for _, _, group in seen} == {"g7"} and len({task for _, task, _ in seen}) == 1
+    assert grouped.report()["episodes"] == 3
+    with pytest.raises(ValueError, match="group_size must be >= 1"):
+        TerminalEnv({"group_size": 0})
+
+
 def test_evaluate_scores_the_held_out_tasks(env: TerminalEnv):
     assert [t.id for t in env.tasks("heldout")] == ["dedupe-emails", "git-branch-from-tag", "jq-order-totals",
                                                     "rename-extensions", "tar-to-zip"]

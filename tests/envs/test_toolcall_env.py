@@ -254,10 +254,10 @@ def test_episode_returns_metrics_and_reports_the_outcome():
     for env in (SHOP, LEARN):
         oracle, null = env.scripted_agent("oracle"), env.scripted_agent("null")
         m = asyncio.run(env.episode(oracle, "ep-o", random.Random(3)))
-        assert m == {"passed": 1.0, "reward": 1.0, "turns": 2.0, "tool_errors": 0.0}
+        assert m == {"passed": 1.0, "reward": 1.0, "turns": 2.0, "tool_errors": 0.0, "timeouts": 0.0}
         assert oracle.outcomes == {"ep-o": 1.0}
         m = asyncio.run(env.episode(null, "ep-n", random.Random(3)))
-        assert m == {"passed": 0.0, "reward": -1.0, "turns": 1.0, "tool_errors": 0.0}
+        assert m == {"passed": 0.0, "reward": -1.0, "turns": 1.0, "tool_errors": 0.0, "timeouts": 0.0}
         assert null.outcomes == {"ep-n": -1.0}
     fresh = ToolCallEnv({})
     asyncio.run(fresh.episode(fresh.scripted_agent("oracle"), "r", random.Random(0)))
