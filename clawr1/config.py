@@ -44,6 +44,12 @@ class RunConfig(Section):
     progress_every_s: PositiveFloat = 10.0  # live runs: a progress line this often, steps or not
     startup_timeout_s: PositiveFloat = 300.0  # how long `clawr1 run` waits for a loop to become ready
     stop_timeout_s: PositiveFloat = 20.0  # SIGTERM grace before SIGKILL
+    # when a loop dies: stop the whole run (research runs), or restart that loop with backoff while the rest keep
+    # serving (a live service); more than max_restarts failures of one loop within restart_window_s stop the run
+    on_loop_failure: Literal["stop", "restart"] = "stop"
+    restart_backoff_s: PositiveFloat = 1.0  # the first restart's delay; it doubles with each failure, up to 30 s
+    max_restarts: NonNegativeInt = 5
+    restart_window_s: PositiveFloat = 600.0
 
 
 class TinyModelConfig(Section):
@@ -138,6 +144,7 @@ class ServeConfig(Section):
     # the embedded engine refuses to start when weights + KV cache exceed this; 0: the memory available
     memory_budget_gb: NonNegativeFloat = 0.0
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    weight_version: NonNegativeInt = 0  # the version the loaded weights carry (a restarted engine: the newest published)
     num_engines: PositiveInt = 1  # `clawr1 run` starts this many engines (ports serve.port, extra_ports...)
     extra_ports: list[Port] = Field(default_factory=list)  # ports of engines 2..n (filled by `clawr1 run`)
     sglang: SGLangConfig = Field(default_factory=SGLangConfig)
@@ -155,6 +162,13 @@ class GatewayConfig(Section):
     default_max_tokens: PositiveInt = 256
     max_completion_tokens: PositiveInt = 4096  # larger max_tokens requests get a 400
     judge_queue_size: PositiveInt = 4096  # bounded queue of TurnRecords waiting for the judge
+    # every main turn is logged to RUN_DIR/gateway/outbox.log when served and kept until the judge acknowledges
+    # it (its Sample durable in the pool, or dropped with a reason); unacknowledged turns are sent again after
+    # outbox_resend_s, at once to a restarted judge, and by a restarted gateway (clawr1/gateway/outbox.py)
+    outbox: bool = True
+    outbox_resend_s: PositiveFloat = 60.0
+    outbox_rewrite_after: PositiveInt = 4096  # acknowledged turns before the log is rewritten with the open ones only
+    acks_port: Port = 0  # judge -> gateway acknowledgements (PUSH/PULL)
     api_key_env: str = "CLAWR1_API_KEY"  # name of the environment variable holding the key
     api_key_file: str = ""  # or a file holding it
     model_name: str = "clawr1-policy"
@@ -244,6 +258,11 @@ class PoolConfig(Section):
     max_pending: PositiveInt = 100_000  # refuse (nack, retry later) new samples beyond this backlog
     group_size: PositiveInt = 1  # a group (same group_id) is batched once it has this many samples...
     group_timeout_s: PositiveFloat = 60.0  # ...or once its first sample is this old
+    # samples are stored in segments of this many; a segment whose samples are all committed or dropped is
+    # deleted (or moved to `archive`, a directory, when set), so disk and restart time stay flat
+    segment_samples: PositiveInt = 10_000
+    archive: str = ""
+    seen_window_segments: NonNegativeInt = 8  # deleted segments whose ids still count as duplicates on a resend
 
 
 class TrainerConfig(Section):
@@ -492,6 +511,12 @@ class Config(Section):
     def judge_turns_addr(self) -> str:
         return f"tcp://{self.judge.host}:{self.judge.port}"
 
+    @property
+    def gateway_acks_addr(self) -> str:
+        """Where the judge's acknowledgements reach the gateway (which binds it; 0.0.0.0 is reached on loopback)."""
+        host = "127.0.0.1" if self.gateway.host in ("0.0.0.0", "") else self.gateway.host
+        return f"tcp://{host}:{self.gateway.acks_port}"
+
 
 class ConfigError(ValueError):
     """A config file or override that does not fit the tree."""
@@ -611,7 +636,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 def assign_free_ports(cfg: Config) -> Config:
     """Give every port left at 0 a free one, so a whole run can start on a busy machine."""
     for section, name in [
-        (cfg.serve, "port"), (cfg.gateway, "port"), (cfg.pool, "samples_port"),
+        (cfg.serve, "port"), (cfg.gateway, "port"), (cfg.gateway, "acks_port"), (cfg.pool, "samples_port"),
         (cfg.pool, "batches_port"), (cfg.trainer, "publish_port"), (cfg.judge, "port"),
     ]:
         if getattr(section, name) == 0:

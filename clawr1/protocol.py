@@ -11,7 +11,7 @@ from typing import Any, Optional, Union
 
 import msgspec
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4  # 4: TurnAck and JudgeHello (the gateway outbox)
 _HEADER_PREFIX = b"clawr1/"
 
 
@@ -167,9 +167,36 @@ class ErrorReply(msgspec.Struct, tag=True, kw_only=True):
     error: str
 
 
+def turn_key(record: TurnRecord) -> str:
+    """A turn's id from served to trained: its Sample's sample_id, its outbox and acknowledgement key."""
+    return f"{record.session_id}/{record.segment}/{record.turn_index}"
+
+
+class TurnAck(msgspec.Struct, tag=True, kw_only=True):
+    """Judge -> gateway: these turns are done with, so the gateway's outbox may forget them. `reason` is
+    "sample" (the pool acknowledged its Sample) or why it was dropped (no_signal, refused, error...)."""
+
+    keys: list[str]
+    reason: str
+
+
+class JudgeHello(msgspec.Struct, tag=True, kw_only=True):
+    """Judge -> gateway, once at start: a (re)started judge holds nothing, so resend every unacknowledged turn."""
+
+    started_at: float
+
+
+class OutboxNextState(msgspec.Struct, tag=True, kw_only=True):
+    """The gateway outbox's note that a served turn's next state arrived (the turn itself is logged when served)."""
+
+    key: str
+    next_state: NextState
+    sent_at: float
+
+
 Message = Union[
     TurnRecord, Sample, Ack, BatchRequest, Batch, NoBatch, Commit, PoolStats, StatsRequest,
-    WeightsPublished, ErrorReply,
+    WeightsPublished, ErrorReply, TurnAck, JudgeHello,
 ]
 
 _encoder = msgspec.msgpack.Encoder()

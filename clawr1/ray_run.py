@@ -215,6 +215,8 @@ class RaySupervisor:
         cfg = self.cfg
         (cfg.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         self.progress = ProgressPrinter(cfg, self.echo)
+        if cfg.run.on_loop_failure == "restart":
+            self.echo("[run] run.on_loop_failure=restart is not supported on Ray yet: a dead loop stops this run")
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             self._connect()
@@ -290,7 +292,7 @@ class RaySupervisor:
         pool, judge, gateway = one["pool"], one["judge"], one["gateway"]
         cfg.pool.host, (cfg.pool.samples_port, cfg.pool.batches_port) = pool.node.ip, pool.ports
         cfg.judge.host, cfg.judge.port = judge.node.ip, judge.ports[0]
-        cfg.gateway.host, cfg.gateway.port = gateway.node.ip, gateway.ports[0]
+        cfg.gateway.host, (cfg.gateway.port, cfg.gateway.acks_port) = gateway.node.ip, gateway.ports
         if engines:
             cfg.gateway.engine_urls = [p.url() for p in engines]
             cfg.serve.host, cfg.serve.port = engines[0].node.ip, engines[0].ports[0]
@@ -449,7 +451,7 @@ def _wanted_ports(cfg: Config, spec: LoopSpec) -> list[int]:
         index = int(spec.name.partition("-")[2] or 0)
         return [fixed[index] if index < len(fixed) else 0]
     return {"pool": [cfg.pool.samples_port, cfg.pool.batches_port], "judge": [cfg.judge.port],
-            "gateway": [cfg.gateway.port], "teacher": [cfg.judge.teacher_port], "prm": [cfg.judge.prm_port],
+            "gateway": [cfg.gateway.port, cfg.gateway.acks_port], "teacher": [cfg.judge.teacher_port], "prm": [cfg.judge.prm_port],
             "trainer": [cfg.trainer.publish_port, 0] if spec.rank == 0 else []}.get(spec.role, [])
 
 

@@ -4,7 +4,9 @@ Each loop runs as `python -m clawr1.cli <loop> --config RUN_DIR/config.yaml`
 in its own process group, with its output in RUN_DIR/logs/<loop>.log, and dies
 with the supervisor even on kill -9 (PR_SET_PDEATHSIG). The run ends when the
 trainer finishes its steps (exit 0), or when any loop dies (exit 1, naming
-it), or on Ctrl-C/SIGTERM (exit 130). A live run (run.mode=live) has no rollout
+it; with run.on_loop_failure=restart the dead loop is restarted with backoff
+instead, and the run stops only when one loop fails more than run.max_restarts
+times within run.restart_window_s), or on Ctrl-C/SIGTERM (exit 130). A live run (run.mode=live) has no rollout
 loop: it trains on whatever reaches the gateway until stopped. In every case
 every process the run started is stopped, producers before consumers (trainer
 and rollout, then gateway, then judge, then pool and engines), so the trainer
@@ -30,7 +32,7 @@ from clawr1.cluster import apply_partition, visible_devices
 from clawr1.config import Config, assign_free_ports, free_port, save_config
 from clawr1.engine_api.client import final_weight_version
 from clawr1.runtime import ready_file, start_process, stop_processes
-from clawr1.tracking import MetricsTail, RunStatus
+from clawr1.tracking import MetricsTail, MetricsWriter, RunStatus
 
 STOP_ORDER = ("rollout", "trainer", "gateway", "judge")  # then everything else (pool, engines)
 
@@ -48,6 +50,11 @@ class Loop:
     args: tuple[str, ...] = ()  # config overrides for this process only
     proc: Optional[subprocess.Popen] = None
     log_path: Optional[Path] = None
+
+    @property
+    def unit(self) -> str:
+        """What restarts together: every trainer rank (one process group for torch.distributed), else the loop."""
+        return "trainer" if self.name.startswith("trainer") else self.name
 
 
 def _http_ok(url: str) -> Callable[[], bool]:
@@ -79,6 +86,37 @@ def _refresh_master_port(wave: list[Loop]) -> None:
                 loop.env["MASTER_PORT"] = port
 
 
+def newest_weights(weights_dir: Path) -> Optional[tuple[Path, int]]:
+    """The newest complete published weight directory (vNNNNNN) and its version, if any."""
+    versions = [(int(d.name[1:]), d) for d in weights_dir.glob("v*") if d.name[1:].isdigit() and d.is_dir()]
+    if not versions:
+        return None
+    version, path = max(versions)
+    return path, version
+
+
+class RestartPolicy:
+    """run.on_loop_failure=restart: when each dead loop comes back (backoff doubling up to 30 s), and when a loop
+    has failed too often within the window to go on."""
+
+    MAX_BACKOFF_S = 30.0
+
+    def __init__(self, backoff_s: float, max_restarts: int, window_s: float):
+        self.backoff_s, self.max_restarts, self.window_s = backoff_s, max_restarts, window_s
+        self.failures: dict[str, list[float]] = {}
+        self.restarts: dict[str, int] = {}
+
+    def failed(self, unit: str, now: float) -> float:
+        """Record a failure of `unit`; the delay before its restart (LoopFailed when it failed too often)."""
+        recent = [t for t in self.failures.get(unit, []) if now - t < self.window_s] + [now]
+        self.failures[unit] = recent
+        if len(recent) > self.max_restarts:
+            raise LoopFailed(f"loop '{unit}' failed {len(recent)} times within {self.window_s:.0f}s "
+                             f"(run.max_restarts={self.max_restarts}); stopping the run")
+        self.restarts[unit] = self.restarts.get(unit, 0) + 1
+        return min(self.backoff_s * 2 ** (len(recent) - 1), self.MAX_BACKOFF_S)
+
+
 class Supervisor:
     """`driver`, if given, runs in a thread once every loop is up (e.g. `clawr1 ingest` sending a file); it returns
     a check that says when the run has done with what it sent, and the run then ends (exit 0)."""
@@ -92,6 +130,9 @@ class Supervisor:
         self.driver = driver
         self._driver_thread: Optional[threading.Thread] = None
         self._driver_result: dict = {}
+        r = cfg.run
+        self.restart_policy = RestartPolicy(r.restart_backoff_s, r.max_restarts, r.restart_window_s)
+        self.pending_restarts: dict[str, tuple[float, list[Loop]]] = {}  # unit -> (when, its loops)
 
     # ------------------------------------------------------------ plan
     def plan(self) -> list[list[Loop]]:
@@ -177,6 +218,8 @@ class Supervisor:
             return 130
         finally:
             self.stop_all()
+            self._report_restarts()
+            self._report_ledger()
             for s, h in previous.items():
                 signal.signal(s, h)
 
@@ -188,7 +231,8 @@ class Supervisor:
         env = {**os.environ, **loop.env, "PYTHONUNBUFFERED": "1", "CLAWR1_LOOP_NAME": loop.name}
         command = [sys.executable, "-m", "clawr1.cli", loop.command, "--config", str(self.config_path), *loop.args]
         loop.proc = start_process(command, loop.log_path, env)
-        self.loops.append(loop)
+        if loop not in self.loops:
+            self.loops.append(loop)
 
     def _check_alive(self) -> None:
         for loop in self.loops:
@@ -227,12 +271,71 @@ class Supervisor:
             raise LoopFailed(f"{self._driver_result['error']}")
         return self._driver_result["done"]()
 
+    # ------------------------------------------------------------ restarts (run.on_loop_failure=restart)
+    def _supervise(self) -> None:
+        """Stop the run when a loop died (on_loop_failure=stop); else schedule the dead loops' restarts and make
+        those that are due."""
+        if self.cfg.run.on_loop_failure == "stop":
+            self._check_alive()
+            return
+        now = time.monotonic()
+        for loop in self.loops:
+            rc = loop.proc.poll()
+            if rc is None or (loop.unit == "trainer" and rc == 0) or loop.unit in self.pending_restarts:
+                continue
+            self._schedule_restart(loop, rc, now)
+        for unit, (when, loops) in list(self.pending_restarts.items()):
+            if now >= when:
+                del self.pending_restarts[unit]
+                self._restart(loops)
+
+    def _schedule_restart(self, dead: Loop, rc: int, now: float) -> None:
+        delay = self.restart_policy.failed(dead.unit, now)
+        cause = f"killed by {signal.Signals(-rc).name}" if rc < 0 else (_tail(dead.log_path, 1) or "no output").strip()
+        self.echo(f"[run] loop '{dead.unit}' exited with code {rc} ({cause}); restarting it in {delay:.1f}s "
+                  f"(restart {self.restart_policy.restarts[dead.unit]}; the other loops keep running)")
+        unit = [loop for loop in self.loops if loop.unit == dead.unit]
+        stop_processes([loop.proc for loop in unit if loop.proc.poll() is None], self.cfg.run.stop_timeout_s)
+        self.pending_restarts[dead.unit] = (now + delay, unit)
+
+    def _restart(self, loops: list[Loop]) -> None:
+        _refresh_master_port(loops)
+        for loop in loops:
+            loop.args = self._restart_args(loop)
+            self._start(loop)
+        self.echo(f"[run] restarted '{loops[0].unit}' (pid {', '.join(str(l.proc.pid) for l in loops)})")
+        MetricsWriter(self.cfg.run_dir, "supervisor").log({"restarted": loops[0].unit, **{
+            f"restarts_{unit}": n for unit, n in self.restart_policy.restarts.items()}})
+
+    def _restart_args(self, loop: Loop) -> tuple[str, ...]:
+        """A trainer resumes from its newest checkpoint and the pool's cursor; a policy engine loads the newest
+        published weights under their version."""
+        args = tuple(a for a in loop.args if not a.startswith(("trainer.resume=", "model.path=", "serve.weight_version=")))
+        if loop.command == "train":
+            return (*args, "trainer.resume=true")
+        if loop.command == "serve" and loop.name.startswith("serve"):
+            newest = newest_weights(self.cfg.run_dir / "weights")
+            if newest is not None:
+                return (*args, f"model.path={newest[0]}", f"serve.weight_version={newest[1]}")
+        return args
+
+    def _report_ledger(self) -> None:
+        """The balance of served main turns, from the gateway outbox's last record (after every loop stopped)."""
+        gateway = RunStatus(self.cfg.run_dir).refresh().latest.get("gateway", {})
+        if "outbox_served" in gateway:
+            self.echo(f"[run] {ledger_line(gateway)}")
+
+    def _report_restarts(self) -> None:
+        restarts = self.restart_policy.restarts
+        if restarts:
+            self.echo(f"[run] restarts: {', '.join(f'{unit} {n}' for unit, n in sorted(restarts.items()))}")
+
     def _watch(self) -> int:
         progress = self.progress
         trainers = [l for l in self.loops if l.name.startswith("trainer")]
         while True:
             progress.poll()
-            self._check_alive()
+            self._supervise()
             if all(t.proc.poll() == 0 for t in trainers) or self._driver_finished():
                 progress.poll()
                 return self._finish()
@@ -273,6 +376,18 @@ class Named(Protocol):
 
 
 L = TypeVar("L", bound=Named)
+
+
+def ledger_line(gateway: dict) -> str:
+    """"ledger: N served main turns = S samples + D dropped (reasons) + F in flight (balanced)"."""
+    acked = {k.removeprefix("outbox_acked_"): int(v) for k, v in gateway.items() if k.startswith("outbox_acked_")}
+    samples = acked.pop("sample", 0)
+    served, in_flight = int(gateway["outbox_served"]), int(gateway["outbox_open"])
+    dropped = sum(acked.values())
+    reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(acked.items())) or "none"
+    balanced = "balanced" if served == samples + dropped + in_flight else "NOT balanced"
+    return (f"ledger: {served} served main turns = {samples} samples in the pool + {dropped} dropped ({reasons}) "
+            f"+ {in_flight} in flight ({balanced})")
 
 
 def stop_stages(loops: list[L]) -> list[list[L]]:

@@ -25,12 +25,13 @@ from clawr1.engine_api.client import EngineError, Generation, joined
 from clawr1.gateway.ingest import IngestLedger, content_id, logged_turns
 from clawr1.gateway.logprobs import TokenText, openai_logprobs
 from clawr1.gateway.metrics import Metrics
+from clawr1.gateway.outbox import SYNC_EVERY_S as OUTBOX_SYNC_EVERY_S, Outbox
 from clawr1.gateway.openai_types import (ChatCompletionRequest, IngestRequest, ScoreRequest, chat_completion, chunk,
                                          completion_id)
 from clawr1.gateway.parsers import ParsedOutput, StreamSplitter, default_tool_call_format, parse_output
 from clawr1.gateway.router import EngineRouter, NoEngineError
-from clawr1.gateway.sessions import Session, SessionStore, canonical
-from clawr1.protocol import NextState, TurnRecord
+from clawr1.gateway.sessions import SEGMENTS_PER_START, Session, SessionStore, canonical, next_start
+from clawr1.protocol import JudgeHello, NextState, TurnAck, TurnRecord, turn_key
 from clawr1.tracking import MetricsWriter, RunStatus
 
 log = logging.getLogger("clawr1.gateway")
@@ -151,6 +152,11 @@ class Gateway:
         self.run_status = RunStatus(self.run_dir)
         self.ingest_ledger: Optional[IngestLedger] = None  # opened on first use (a run that ingests nothing has none)
         self.metrics_writer: Optional[MetricsWriter] = None  # from start(): the gateway's records in metrics.jsonl
+        self.outbox: Optional[Outbox] = Outbox(self.run_dir / "gateway" / "outbox.log",
+                                                 self.cfg.outbox_rewrite_after) if self.cfg.outbox else None
+        self.acks_bind = f"tcp://{self.cfg.host}:{self.cfg.acks_port}" if self.outbox and judge_addr else ""
+        # a restarted gateway's new sessions must not reuse the ids (session/segment/turn) of the old one's turns
+        self.sessions.segment_base = SEGMENTS_PER_START * next_start(self.run_dir / "gateway" / "starts")
 
     @property
     def sessions_file(self) -> Path:
@@ -161,8 +167,14 @@ class Gateway:
         if self.sessions_file.exists():
             log.info("took back %d sessions a stopped gateway saved", self.sessions.load(self.sessions_file))
         self.metrics_writer = MetricsWriter(self.run_dir, "gateway")
+        if self.outbox is not None:
+            self._recover_outbox()
+            self._tasks.append(asyncio.create_task(self._sync_outbox()))
         if self.judge_addr:
             self._tasks.append(asyncio.create_task(self._send_to_judge()))
+            if self.acks_bind:
+                self._tasks.append(asyncio.create_task(self._receive_acks()))
+                self._tasks.append(asyncio.create_task(self._resend_unacknowledged()))
         self._tasks.append(asyncio.create_task(self._expire_sessions()))
         self._tasks.append(asyncio.create_task(self.router.watch_health()))
         self._tasks.append(asyncio.create_task(self._report()))
@@ -179,6 +191,8 @@ class Gateway:
         self._write_report()
         if self.ingest_ledger is not None:
             self.ingest_ledger.close()
+        if self.outbox is not None:
+            self.outbox.close()
         await self.router.close()
 
     async def _report(self) -> None:
@@ -200,7 +214,8 @@ class Gateway:
             "prefix_breaks": self.sessions.prefix_breaks, "template_breaks": self.sessions.template_breaks,
             "malformed_tool_calls": c["malformed_tool_calls"][()], "sessions_open": len(self.sessions.sessions),
             "session_tokens": self.sessions.tokens, "judge_queue_depth": self.judge_queue.qsize(),
-            "weight_version": self.weight_version,
+            "weight_version": self.weight_version, "turns_resent": c["turns_resent"][()],
+            **(self.outbox.counts() if self.outbox is not None else {}),
         }
 
     def status(self) -> dict:
@@ -216,6 +231,64 @@ class Gateway:
             "ingested_turns": int(self.metrics.counters["ingested_turns"][()]),
             "sessions_open": len(self.sessions.sessions), "engines_healthy": sum(self.router.healthy),
         }
+
+    # ------------------------------------------------------------ the outbox (exactly once, served to trained)
+    def _recover_outbox(self) -> None:
+        """Queue what the outbox holds unacknowledged; turns whose session died with an earlier gateway get the
+        next state "none" (no signal), so each is still accounted for."""
+        live = {turn_key(r) for s in self.sessions.sessions.values() for r in s.pending()}
+        orphans = self.outbox.orphans(live)
+        due = self.outbox.due(0.0)
+        for record in due:
+            self._queue(record)
+        if due:
+            log.info("outbox: %d unacknowledged turns sent to the judge again (%d of them orphaned by a stopped "
+                     "gateway)", len(due), len(orphans))
+
+    def _queue(self, record: TurnRecord) -> bool:
+        """Put a turn on the judge queue; False when it is full (with the outbox, it is sent again later)."""
+        try:
+            self.judge_queue.put_nowait(record)
+        except asyncio.QueueFull:
+            return False
+        if self.outbox is not None:
+            self.outbox.mark_sent(record)
+        return True
+
+    async def _receive_acks(self) -> None:
+        sock = bus.pull_socket(self.acks_bind, asyncio=True)
+        try:
+            while True:
+                try:
+                    msg = protocol.decode(await sock.recv_multipart())
+                except protocol.SchemaMismatch as e:
+                    log.error("ignored a message on the acknowledgement socket: %s", e)
+                    continue
+                if isinstance(msg, TurnAck):
+                    self.outbox.ack(msg)
+                elif isinstance(msg, JudgeHello):  # a (re)started judge: whatever the old one held is lost
+                    for record in self.outbox.due(0.0):
+                        self._resend(record)
+        finally:
+            sock.close(0)
+
+    async def _resend_unacknowledged(self) -> None:
+        while True:
+            await asyncio.sleep(min(5.0, self.cfg.outbox_resend_s / 4))
+            for record in self.outbox.due(self.cfg.outbox_resend_s):
+                if not self._resend(record):
+                    break
+
+    def _resend(self, record: TurnRecord) -> bool:
+        queued = self._queue(record)
+        if queued:
+            self.metrics.inc("turns_resent", help="unacknowledged TurnRecords sent to the judge again")
+        return queued
+
+    async def _sync_outbox(self) -> None:
+        while True:
+            await asyncio.sleep(OUTBOX_SYNC_EVERY_S)
+            self.outbox.sync()
 
     async def _send_to_judge(self) -> None:
         sock = bus.push_socket(self.judge_addr, asyncio=True)
@@ -241,9 +314,9 @@ class Gateway:
         for record, next_state in outcomes:
             record.next_state = next_state
             record.sent_at = time.time()
-            try:
-                self.judge_queue.put_nowait(record)
-            except asyncio.QueueFull:
+            if self.outbox is not None:
+                self.outbox.next_state(record)
+            if not self._queue(record) and self.outbox is None:
                 self.metrics.inc("turns_dropped", help="TurnRecords dropped because the judge queue was full")
                 log.warning("judge queue full (%d): dropped turn %s/%d", self.judge_queue.qsize(), record.session_id,
                             record.turn_index)
@@ -561,11 +634,15 @@ class Gateway:
             rollout_logprobs=scored.prompt_logprobs, versions=[scored.weight_version] * len(response), temperature=1.0,
             messages=turn.prompt_messages, tools=tools, response_text=str(turn.reply.get("content") or ""),
             finish_reason="stop", next_state=turn.next_state, created_at=now, sent_at=now, ingested=True)
+        if self.outbox is not None:
+            self.outbox.next_state(record)  # logs the turn and its next state
         try:
             await asyncio.wait_for(self.judge_queue.put(record), INGEST_QUEUE_WAIT_S)
-        except asyncio.TimeoutError:
+        except asyncio.TimeoutError:  # the outbox sends it later; the client's retry is a harmless duplicate
             raise GatewayError(503, f"the judge queue stayed full for {INGEST_QUEUE_WAIT_S:.0f}s; retry later",
                                "judge_busy", code="judge_busy") from None
+        if self.outbox is not None:
+            self.outbox.mark_sent(record)
         return ""
 
 
@@ -628,6 +705,8 @@ class _Turn:
                 finish_reason=c.gen.finish_reason, group_id=group, task_id=self.ctx.task_id, created_at=time.time())
             s.turns += 1
             replies.append((c.history_message(), c.gen.output_ids, record))
+            if gw.outbox is not None:
+                gw.outbox.served_turn(record)
         gw.sessions.record(s, self.messages, self.tools, replies, self.rendered[0], self.asked)
         gw.metrics.inc("main_turns", len(choices), help="turns recorded for training")
         gw._evict()

@@ -111,6 +111,22 @@ def next_state_from(messages: list[dict]) -> NextState:
     return NextState(kind="tool" if role == "tool" else "user", text=text)
 
 
+SEGMENTS_PER_START = 1_000_000  # a gateway's sessions start at segment start * this: ids stay unique across restarts
+
+
+def next_start(path: Path) -> int:
+    """How many times a gateway of this run started before (counted in `path`, durably)."""
+    starts = int(path.read_text()) if path.exists() else 0
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as f:
+        f.write(str(starts + 1))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return starts
+
+
 class SessionStore:
     """Bounded session table: idle sessions expire; beyond max_sessions or max_tokens the least recently
     used go first."""
@@ -126,11 +142,15 @@ class SessionStore:
         self.prefix_breaks = 0  # requests whose history is not an extension of a recorded one
         self.template_breaks = 0  # extensions where the template re-renders the recorded history otherwise
         self.tokens = 0
+        self.segment_base = 0  # a new session's first segment (see SEGMENTS_PER_START)
+        # the next segment of sessions that left the table, so one that comes back gets fresh turn ids (bounded)
+        self.retired: OrderedDict[str, int] = OrderedDict()
 
     def get(self, session_id: str) -> Session:
         s = self.sessions.get(session_id)
         if s is None:
-            s = self.sessions[session_id] = Session(session_id)
+            segment = self.retired.pop(session_id, self.segment_base)
+            s = self.sessions[session_id] = Session(session_id, segment=segment)
         self.sessions.move_to_end(session_id)
         s.last_seen = time.monotonic()
         return s
@@ -238,4 +258,7 @@ class SessionStore:
         if s is not None:
             self.tokens -= s.counted
             s.counted = 0
+            self.retired[session_id] = s.segment + 1
+            while len(self.retired) > 4 * self.max_sessions:
+                self.retired.popitem(last=False)
         return s

@@ -15,7 +15,7 @@ from typing import Optional
 from clawr1.config import JudgeConfig
 from clawr1.judge.llm import LlmJudge
 from clawr1.judge.rules import Verdict
-from clawr1.protocol import TurnRecord
+from clawr1.protocol import TurnRecord, turn_key
 
 
 class EnvJudge:
@@ -24,6 +24,7 @@ class EnvJudge:
         self.prm = LlmJudge(cfg, prm_url) if cfg.prm_coef else None
         self.held: OrderedDict[str, list[TurnRecord]] = OrderedDict()
         self.dropped_held = 0
+        self.evicted: list[TurnRecord] = []  # held turns pushed out by max_held_sessions, for the judge to report
 
     async def verdicts(self, record: TurnRecord) -> list[tuple[TurnRecord, Verdict]]:
         """The turns that are ready to become samples now, each with its verdict."""
@@ -54,11 +55,14 @@ class EnvJudge:
         return list(await asyncio.gather(*(one(r) for r in records)))
 
     def _hold(self, record: TurnRecord) -> None:
-        self.held.setdefault(record.session_id, []).append(record)
+        held = self.held.setdefault(record.session_id, [])
+        if all(turn_key(r) != turn_key(record) for r in held):  # a resent turn is held once
+            held.append(record)
         self.held.move_to_end(record.session_id)
         while len(self.held) > self.cfg.max_held_sessions:
             _, lost = self.held.popitem(last=False)
             self.dropped_held += len(lost)  # counted, and visible in the judge's metrics
+            self.evicted += lost
 
     async def close(self) -> None:
         if self.prm is not None:

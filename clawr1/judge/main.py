@@ -26,7 +26,7 @@ from clawr1.judge.noise import noisy_score
 from clawr1.judge.rules import RulePatterns, Verdict, judge_rules
 from clawr1.engine_api.client import EngineClient
 from clawr1.judge.teacher import Teacher, TeacherScores
-from clawr1.protocol import Ack, Sample, TurnRecord
+from clawr1.protocol import Ack, JudgeHello, Sample, TurnAck, TurnRecord, turn_key
 
 log = logging.getLogger("clawr1.judge")
 
@@ -34,7 +34,7 @@ log = logging.getLogger("clawr1.judge")
 def make_sample(record: TurnRecord, verdict: Verdict, scores: Optional[TeacherScores]) -> Sample:
     """One Sample carrying every signal the turn earned: its reward, and the teacher's scores if it had a hint."""
     n = len(record.response_ids)
-    sid = f"{record.session_id}/{record.segment}/{record.turn_index}"
+    sid = turn_key(record)
     teacher = scores.generation if scores else None
     return Sample(
         sample_id=sid, group_id=record.group_id or sid, task_id=record.task_id,
@@ -83,14 +83,19 @@ class Judge:
             return [(record, await self.llm.verdict(record, with_hints=self.teacher is not None))]
         return [(record, judge_rules(record, self.patterns, self.cfg.judge.max_hint_chars))]
 
-    async def handle(self, record: TurnRecord) -> None:
+    async def handle(self, record: TurnRecord) -> list[tuple[str, str]]:
+        """Judge one record; (key, reason) of every turn now done with: "sample" once its Sample is durable in
+        the pool, else why it was dropped. A turn the env judge holds for its outcome is not done yet."""
         t0 = time.monotonic()
-        for ready, verdict in await self.verdicts(record):
-            await self._emit(ready, verdict)
+        done = [(turn_key(ready), await self._emit(ready, verdict)) for ready, verdict in await self.verdicts(record)]
+        if self.env is not None and self.env.evicted:
+            done += [(turn_key(r), "held_overflow") for r in self.env.evicted]
+            self.env.evicted = []
         self.latency_sum += time.monotonic() - t0
         self.latency_n += 1
+        return done
 
-    async def _emit(self, record: TurnRecord, verdict: Verdict) -> None:
+    async def _emit(self, record: TurnRecord, verdict: Verdict) -> str:
         teacher = None
         j = self.cfg.judge
         if j.score_noise or j.score_abstain:
@@ -106,12 +111,13 @@ class Judge:
         self.counts[f"score_{'none' if verdict.score is None else int(verdict.score)}"] += 1
         if verdict.score is None and teacher is None:
             self.counts["dropped_no_signal"] += 1
-            return
+            return "no_signal"
         self.counts["with_hint"] += teacher is not None
-        await self.send(make_sample(record, verdict, teacher))
+        return "sample" if await self.send(make_sample(record, verdict, teacher)) else "refused"
 
-    async def send(self, sample: Sample) -> None:
-        """Deliver to the pool; return once it is durable there (retries are idempotent)."""
+    async def send(self, sample: Sample) -> bool:
+        """Deliver to the pool; return once it is durable there (True) or refused for good (False); retries are
+        idempotent."""
         delay = 0.2
         while True:
             try:
@@ -123,11 +129,11 @@ class Judge:
                 raise TypeError(f"the pool answered a Sample with {type(ack).__name__}")
             if ack.ok:
                 self.counts["samples_sent"] += 1
-                return
+                return True
             if not ack.retry:
                 self.counts["samples_refused"] += 1
                 log.error("pool refused sample %s: %s", sample.sample_id, ack.error)
-                return
+                return False
             self.counts["pool_full_retries"] += 1
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
@@ -166,26 +172,58 @@ class Judge:
             await self.teacher.engine.close()
 
 
+class Acknowledger:
+    """Tells the gateway's outbox which turns are done with (and, once at start, that this judge holds nothing)."""
+
+    def __init__(self, cfg: Config):
+        self.sock = bus.push_socket(cfg.gateway_acks_addr, asyncio=True) if cfg.gateway.outbox and cfg.gateway.acks_port \
+            else None
+
+    async def hello(self) -> None:
+        if self.sock is not None:
+            await self.sock.send_multipart(protocol.encode(JudgeHello(started_at=time.time())))
+
+    async def ack(self, done: list[tuple[str, str]]) -> None:
+        if self.sock is None:
+            return
+        by_reason: dict[str, list[str]] = {}
+        for key, reason in done:
+            by_reason.setdefault(reason, []).append(key)
+        for reason, keys in by_reason.items():
+            await self.sock.send_multipart(protocol.encode(TurnAck(keys=keys, reason=reason)))
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close(linger=2000)
+
+
 async def serve(cfg: Config, judge: Judge, stop: asyncio.Event, on_ready=None) -> None:
     from clawr1.tracking import MetricsWriter
 
     pull = bus.pull_socket(cfg.judge_turns_addr, asyncio=True)
+    acks = Acknowledger(cfg)
     slots = asyncio.Semaphore(cfg.judge.concurrency)
     metrics = MetricsWriter(cfg.run_dir, "judge")
     tasks: set[asyncio.Task] = set()
+    active: set[str] = set()  # keys being judged: a resent copy that arrives meanwhile is ignored
     last_report = time.monotonic()
+    await acks.hello()
     if on_ready:
         on_ready()
 
     async def run_one(record: TurnRecord) -> None:
+        key = turn_key(record)
         try:
-            await judge.handle(record)
+            done = await judge.handle(record)
         except Exception:
             judge.counts["errors"] += 1
             log.exception("judging %s/%d failed", record.session_id, record.turn_index)
+            done = [(key, "error")]
         finally:
+            active.discard(key)
             judge.inflight -= 1
             slots.release()
+        await acks.ack(done)
 
     while not stop.is_set():
         if time.monotonic() - last_report > 5:
@@ -201,6 +239,11 @@ async def serve(cfg: Config, judge: Judge, stop: asyncio.Event, on_ready=None) -
             judge.counts["bad_records"] += 1
             log.error("dropped a message that is not a TurnRecord: %s", e)
             continue
+        if turn_key(record) in active:
+            slots.release()
+            judge.counts["resends_ignored"] += 1
+            continue
+        active.add(turn_key(record))
         judge.received(record)
         task = asyncio.create_task(run_one(record))
         tasks.add(task)
@@ -208,6 +251,7 @@ async def serve(cfg: Config, judge: Judge, stop: asyncio.Event, on_ready=None) -
     if tasks:
         await asyncio.wait(tasks, timeout=30)
     metrics.log(judge.report(), step=judge.version)
+    acks.close()
     pull.close(0)
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import zmq
 
@@ -53,8 +54,10 @@ def main(cfg: Config) -> int:
     log = setup_logging("pool")
     stop = stop_event()
     try:
-        pool = SamplePool(cfg.run_dir / "pool", cfg.pool.max_staleness, cfg.pool.max_pending, cfg.pool.fsync,
-                          cfg.pool.group_size, cfg.pool.group_timeout_s)
+        p = cfg.pool
+        pool = SamplePool(cfg.run_dir / "pool", p.max_staleness, p.max_pending, p.fsync, p.group_size,
+                          p.group_timeout_s, segment_samples=p.segment_samples,
+                          seen_window_segments=p.seen_window_segments, archive=Path(p.archive) if p.archive else None)
     except CorruptLog as e:
         log.error("%s", e)
         return 1
@@ -78,7 +81,8 @@ def main(cfg: Config) -> int:
             if time.monotonic() - last_report > 5:
                 s = pool.stats()
                 metrics.log({"pending": s.pending, "received": s.received, "dropped_stale": s.dropped_stale,
-                             "committed_batch_id": s.committed_batch_id}, step=s.committed_batch_id)
+                             "committed_batch_id": s.committed_batch_id, "disk_bytes": pool.disk_bytes(),
+                             "live_segments": len(pool.unreleased)}, step=s.committed_batch_id)
                 last_report = time.monotonic()
     finally:
         samples.close()

@@ -31,7 +31,8 @@ def main(cfg: Config) -> int:
     except EngineMemoryError as e:
         log.error("%s", e)
         return 2
-    engine = Engine(path, dtype=s.dtype, max_running=s.max_running_requests, max_context=plan.context)
+    engine = Engine(path, dtype=s.dtype, max_running=s.max_running_requests, max_context=plan.context,
+                    weight_version=s.weight_version)
     log.info("engine on %s serving %s (%d requests x %d tokens; weights %.2f GiB + KV cache %.2f GiB)", cfg.engine_url,
              path, plan.slots, plan.context, plan.weights_bytes / GIB, plan.kv_cache_bytes / GIB)
     freeze_startup_objects()

@@ -192,7 +192,8 @@ def serve_sglang(cfg: Config, model_path: str) -> int:
     SGLangStartError naming that file.
     """
     _require_sglang(cfg.serve.sglang)
-    server = SGLangServer(cfg, model_path, cfg.serve.port, cfg.run_dir / "logs" / "sglang-server.log")
+    server = SGLangServer(cfg, model_path, cfg.serve.port, cfg.run_dir / "logs" / "sglang-server.log",
+                          weight_version=cfg.serve.weight_version)
     previous = {sig: signal.signal(sig, _interrupt_once) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         with server:

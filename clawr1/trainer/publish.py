@@ -20,9 +20,10 @@ import shutil
 import socket
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 from urllib.parse import urlsplit
 
+import httpx
 import torch.distributed as dist
 from torch import Tensor
 
@@ -61,6 +62,16 @@ def _host_copy(policy: Policy) -> dict[str, Tensor]:
     return {k: v.cpu() for k, v in megatron_state(policy.model).items()}
 
 
+def to_each_engine(engines: list[SyncEngineClient], update: Callable[[SyncEngineClient], object]) -> None:
+    """`update` every engine, one at a time so the others keep serving. An engine that cannot be reached is down
+    (a live run restarts it on the newest published weights): it is skipped, and the next publish reaches it."""
+    for engine in engines:
+        try:
+            update(engine)
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError) as e:
+            log.warning("engine %s is unreachable (%s): skipped for this version", engine.url, e)
+
+
 class WeightSink(Protocol):
     """Gets a full HF state into every engine as weight version `version`; returns where it went."""
 
@@ -77,8 +88,7 @@ class DiskSink:
 
     def push(self, hf_state: dict[str, Tensor], version: int) -> str:
         path = write_weights_dir(hf_state, self.dir / f"v{version:06d}", copy_from=self.base)
-        for engine in self.engines:  # one engine at a time: the others keep serving
-            engine.update_weights_from_disk(str(path.resolve()), version)
+        to_each_engine(self.engines, lambda engine: engine.update_weights_from_disk(str(path.resolve()), version))
         self._prune(version)
         return str(path)
 
@@ -101,8 +111,7 @@ class HttpSink:
         from safetensors.torch import save
 
         payload = save({k: v.detach().to("cpu").contiguous() for k, v in hf_state.items()}, metadata={"format": "pt"})
-        for engine in self.engines:  # one engine at a time: the others keep serving
-            engine.update_weights_from_tensor_bytes(payload, version)
+        to_each_engine(self.engines, lambda engine: engine.update_weights_from_tensor_bytes(payload, version))
         return "http"
 
     def close(self) -> None:

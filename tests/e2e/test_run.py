@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from clawr1.protocol import Sample
-from clawr1.record_log import read_records
+from clawr1.pool.store import read_samples
 from tests.conftest import REPO, pid_alive
 
 pytestmark = pytest.mark.slow
@@ -78,7 +77,7 @@ def test_combined_recipe_end_to_end(tiny_model, tmp_path):
     # the recipe's frozen teacher runs in an engine of its own, and scores every hinted turn
     assert sorted(p.name for p in (run_dir / "logs").iterdir()) == \
         ["gateway.log", "judge.log", "pool.log", "rollout.log", "serve.log", "teacher.log", "trainer.log"]
-    hinted = [s for s in read_records(run_dir / "pool" / "samples.log", Sample) if s.hint]
+    hinted = [s for s in read_samples(run_dir / "pool") if s.hint]
     assert hinted and all(len(s.teacher_logprobs) == s.response_len for s in hinted)
     evals = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "personalization_score" in line]
     assert [r["eval_version"] for r in evals] == [0, 3]  # before training, then at the final version

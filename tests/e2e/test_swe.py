@@ -21,7 +21,7 @@ from transformers import AutoTokenizer
 from clawr1.chat_client import GatewayChat
 from clawr1.environment import AssistantTurn
 from clawr1.protocol import Sample
-from clawr1.record_log import read_records
+from clawr1.pool.store import read_samples
 from envs.agentic.agent import ToolOutcome, call_turn
 from envs.agentic.sandbox import available_backends
 from envs.swe.env import SweEnv
@@ -32,8 +32,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not available_backends(), rea
 
 
 def samples(run_dir: Path) -> list[Sample]:
-    path = run_dir / "pool" / "samples.log"
-    return list(read_records(path, Sample)) if path.exists() else []
+    return read_samples(run_dir / "pool")
 
 
 def test_the_swe_recipe_runs_graded_grpo_groups_into_training(tiny_model, tmp_path):

@@ -18,7 +18,7 @@ import pytest
 
 from clawr1.environment import AssistantTurn
 from clawr1.protocol import Sample
-from clawr1.record_log import read_records
+from clawr1.pool.store import read_samples
 from envs.personal.env import PersonalEnv
 from envs.personal.preferences import random_style, render_answer
 from envs.personal.questions import Question
@@ -101,8 +101,7 @@ def run(tiny_model, tmp_path_factory):
 
 
 def pool_samples(cfg) -> list[Sample]:
-    path = cfg.run_dir / "pool" / "samples.log"
-    return read_records(path, Sample) if path.exists() else []
+    return read_samples(cfg.run_dir / "pool")
 
 
 def test_ingest_counts_exactly_adds_nothing_twice_and_reaches_the_pool(run, tmp_path):

@@ -102,3 +102,84 @@ def test_ingested_logs_are_never_dropped_as_stale(tmp_path):
     pool.add([old_live, old_log, sample(2, version=9)])
     batch = pool.next_batch(req(0, size=2, version=10))
     assert [s.sample_id for s in batch.samples] == ["s1", "s2"] and batch.dropped_stale == 1
+
+
+def train_all(pool: SamplePool, last: int, size: int) -> int:
+    """Lease and commit every pending sample in batches of `size`; the last batch id."""
+    while isinstance(batch := pool.next_batch(req(last, size=size)), Batch):
+        last = batch.batch_id
+        pool.commit(last)
+    return last
+
+
+def test_committed_segments_are_deleted_and_restart_reads_only_live_ones(tmp_path):
+    pool = SamplePool(tmp_path, max_staleness=4, fsync=False, segment_samples=10, seen_window_segments=2)
+    for i in range(0, 95, 5):
+        pool.add([sample(j) for j in range(i, i + 5)])
+    last = train_all(pool, 0, 10)  # 90 of 95 trained
+    segments = sorted(p.name for p in tmp_path.glob("samples-*.log"))
+    assert segments == ["samples-000010.log"]  # the active one (5 samples, not yet trained), nothing else
+    assert sorted(p.name for p in tmp_path.glob("seen-*.ids")) == ["seen-000008.ids", "seen-000009.ids"]
+    pool.close()
+
+    pool = SamplePool(tmp_path, max_staleness=4, fsync=False, segment_samples=10, seen_window_segments=2)
+    assert (pool.committed_batch_id, len(pool.pending), pool.received) == (last, 5, 5)
+    assert [a.ok for a in pool.add([sample(85), sample(2)])] == [True, True]  # 85: a duplicate in the window...
+    assert len(pool.pending) == 6 and "s2" in pool.pending  # ...2 is older than it: accepted again (documented)
+    nxt = pool.next_batch(req(last, size=6))
+    assert sorted(s.sample_id for s in nxt.samples) == ["s2", "s90", "s91", "s92", "s93", "s94"]
+
+
+def test_a_leased_batch_keeps_its_segments_until_it_is_committed(tmp_path):
+    pool = SamplePool(tmp_path, max_staleness=4, fsync=False, segment_samples=4)
+    pool.add([sample(i) for i in range(4)])
+    pool.add([sample(i) for i in range(4, 8)])
+    leased = pool.next_batch(req(0, size=8))  # the trainer got batch 1, then died before committing it
+    pool.add([sample(i) for i in range(8, 10)])
+    pool.close()
+    assert len(list(tmp_path.glob("samples-*.log"))) == 3
+    pool = SamplePool(tmp_path, max_staleness=4, fsync=False, segment_samples=4)
+    assert pool.next_batch(req(0, size=8)).samples == leased.samples  # the same batch again
+    pool.commit(1)
+    assert sorted(p.name for p in tmp_path.glob("samples-*.log")) == ["samples-000003.log"]
+
+
+def test_the_ledger_is_rewritten_and_a_restart_agrees(tmp_path, monkeypatch):
+    import clawr1.pool.store as store
+
+    monkeypatch.setattr(store, "LEDGER_REWRITE_AFTER", 8)
+    pool = SamplePool(tmp_path, max_staleness=4, fsync=False, segment_samples=4)
+    for i in range(0, 60, 3):
+        pool.add([sample(j) for j in range(i, i + 3)])
+    last = train_all(pool, 0, 2)
+    pool.add([sample(60)])
+    assert len(read_ledger(tmp_path)) <= 8 + 2  # 60 leases and commits, rewritten down to what is still needed
+    pool.close()
+    pool = SamplePool(tmp_path, max_staleness=4, fsync=False, segment_samples=4)
+    assert (pool.committed_batch_id, list(pool.pending), pool.leases) == (last, ["s60"], {})
+
+
+def read_ledger(directory):
+    from clawr1.pool.store import LedgerRecord
+    from clawr1.record_log import read_records
+
+    return read_records(directory / "ledger.log", LedgerRecord)
+
+
+def test_an_archive_keeps_the_deleted_segments(tmp_path):
+    pool = SamplePool(tmp_path / "pool", max_staleness=4, fsync=False, segment_samples=4, archive=tmp_path / "old")
+    pool.add([sample(i) for i in range(4)])
+    pool.add([sample(i) for i in range(4, 6)])
+    train_all(pool, 0, 4)
+    assert sorted(p.name for p in (tmp_path / "old").iterdir()) == ["samples-000001.log"]
+
+
+def test_a_pool_written_before_segments_is_read_as_its_first_segment(tmp_path):
+    from clawr1.record_log import RecordLog
+
+    old = RecordLog(tmp_path / "samples.log", Sample, fsync=False)
+    list(old.replay())
+    old.append_many([sample(0), sample(1)])
+    old.close()
+    pool = SamplePool(tmp_path, max_staleness=4, fsync=False)
+    assert list(pool.pending) == ["s0", "s1"] and not (tmp_path / "samples.log").exists()

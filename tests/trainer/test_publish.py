@@ -157,3 +157,14 @@ def test_pruning_removes_old_versions_and_a_half_written_one_a_killed_trainer_le
         (sink.dir / name).mkdir(parents=True)
     sink._prune(3)  # the resumed trainer republished version 3
     assert sorted(p.name for p in sink.dir.iterdir()) == ["v000002", "v000003"]
+
+
+def test_an_engine_that_is_down_is_skipped_and_the_others_still_get_the_weights(engine, tiny_model):
+    """A live run restarts a dead engine on the newest published weights; the trainer must not die of it."""
+    import httpx
+
+    from clawr1.trainer.publish import to_each_engine
+
+    down = SyncEngineClient(f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    to_each_engine([down, SyncEngineClient(engine)], lambda e: e.update_weights_from_disk(str(tiny_model), 3))
+    assert httpx.get(f"{engine}/get_model_info").json()["weight_version"] == "3"
