@@ -58,6 +58,7 @@ class RecordLog:
         self.path = Path(path)
         self.fsync = fsync
         self._encoder = msgspec.msgpack.Encoder()
+        self.record_type = record_type
         self._decoder = msgspec.msgpack.Decoder(record_type)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.touch(exist_ok=True)
@@ -111,6 +112,24 @@ class RecordLog:
         os.write(self._fd, b"".join(chunks))
         if self.fsync:
             os.fsync(self._fd)
+
+    def sync(self) -> None:
+        """fsync what was appended (for a log opened with fsync=False that commits in groups)."""
+        os.fsync(self._fd)
+
+    def rewrite(self, records: list[Any]) -> None:
+        """Replace the whole log by `records`, atomically (written aside, fsynced, renamed over it); then open
+        for appending again. A crash leaves either the old log or the new one."""
+        tmp = self.path.with_name(self.path.name + ".rewrite")
+        tmp.unlink(missing_ok=True)
+        fresh = RecordLog(tmp, self.record_type, fsync=False)
+        list(fresh.replay())
+        fresh.append_many(records)
+        fresh.sync()
+        fresh.close()
+        self.close()
+        os.replace(tmp, self.path)
+        list(self.replay())
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -3,11 +3,12 @@
 Each loop runs as `python -m clawr1.cli <loop> --config RUN_DIR/config.yaml`
 in its own process group, with its output in RUN_DIR/logs/<loop>.log, and dies
 with the supervisor even on kill -9 (PR_SET_PDEATHSIG). The run ends when the
-trainer finishes its steps (exit 0), or when any loop dies (exit 1, naming
-it; with run.on_loop_failure=restart the dead loop is restarted with backoff
-instead, and the run stops only when one loop fails more than run.max_restarts
-times within run.restart_window_s), or on Ctrl-C/SIGTERM (exit 130). A live run (run.mode=live) has no rollout
-loop: it trains on whatever reaches the gateway until stopped. In every case
+trainer finishes its steps (exit 0), when any loop dies (exit 1, naming it),
+or on Ctrl-C/SIGTERM (exit 130). With run.on_loop_failure=restart (live runs)
+a dead loop is restarted with backoff instead, and the run stops only when one
+loop fails more than run.max_restarts times within run.restart_window_s. A live
+run (run.mode=live) has no rollout loop: it trains on whatever reaches the
+gateway until stopped. In every case
 every process the run started is stopped, producers before consumers (trainer
 and rollout, then gateway, then judge, then pool and engines), so the trainer
 can checkpoint and commit and queued turns reach the pool: SIGTERM to each

@@ -15,7 +15,6 @@ rewritten with only the open turns and the running totals (an `OutboxTotals` ent
 """
 from __future__ import annotations
 
-import os
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -134,28 +133,18 @@ class Outbox:
     def sync(self) -> None:
         """fsync what was written since the last sync (group commit); cheap when nothing was."""
         if self._dirty:
-            os.fsync(self.log._fd)
+            self.log.sync()
             self._dirty = False
         self._last_sync = time.monotonic()
 
     def rewrite(self) -> None:
-        """Replace the log by the running totals and the open turns (atomically: written aside, then renamed)."""
-        tmp = self.path.with_name(self.path.name + ".rewrite")
-        tmp.unlink(missing_ok=True)
-        fresh = RecordLog(tmp, Entry, fsync=False)
-        list(fresh.replay())
+        """Replace the log by the running totals and the open turns (atomically)."""
         entries: list[Entry] = [OutboxTotals(served=self.served - len(self.open), acked=dict(self.acked))]
         for key, turn in self.open.items():
             entries.append(turn.record)
             if turn.record.next_state is not None:
                 entries.append(OutboxNextState(key=key, next_state=turn.record.next_state, sent_at=turn.record.sent_at))
-        fresh.append_many(entries)
-        os.fsync(fresh._fd)
-        fresh.close()
-        self.log.close()
-        os.replace(tmp, self.path)
-        self.log = RecordLog(self.path, Entry, fsync=False)
-        list(self.log.replay())
+        self.log.rewrite(entries)
         self._acked_since_rewrite = 0
         self._dirty = False
 

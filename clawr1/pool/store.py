@@ -281,17 +281,7 @@ class SamplePool:
         kept: list[Union[Lease, CommitRecord]] = [CommitRecord(self.committed_batch_id)]
         kept += [lease for lease in self._replayed_leases() if any(
             sid in self.segment_of for sid in lease.sample_ids + lease.dropped_ids)]
-        tmp = self.dir / "ledger.log.rewrite"
-        tmp.unlink(missing_ok=True)
-        fresh = RecordLog(tmp, LedgerRecord, fsync=False)
-        list(fresh.replay())
-        fresh.append_many(kept)
-        os.fsync(fresh._fd)
-        fresh.close()
-        self._ledger.close()
-        os.replace(tmp, self.dir / "ledger.log")
-        self._ledger = RecordLog(self.dir / "ledger.log", LedgerRecord, self.fsync)
-        list(self._ledger.replay())
+        self._ledger.rewrite(kept)
         self._ledger_records = len(kept)
 
     def _replayed_leases(self) -> list[Lease]:
