@@ -94,11 +94,18 @@ class ChatRenderer:
             raise ChatTemplateError("a conversation needs at least one message")
         kwargs = {**self.template_kwargs, **checked_template_kwargs(template_kwargs)}
         try:
-            return self.tokenizer.apply_chat_template(
+            text = self.tokenizer.apply_chat_template(
                 [dict(m) for m in messages], tools=list(tools) if tools else None, tokenize=False,
                 add_generation_prompt=add_generation_prompt, **kwargs)
         except (jinja2.TemplateError, TypeError, KeyError, AttributeError, ValueError) as e:
             raise ChatTemplateError(f"the model's chat template cannot render these messages: {e}") from None
+        if not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:  # JSON may escape a lone surrogate; no tokenizer takes one
+                raise ChatTemplateError(f"the messages hold text that is not Unicode: {text[e.start]!r} at "
+                                        f"character {e.start} of the rendered prompt (a lone surrogate)") from None
+        return text
 
     def decode(self, ids: Sequence[int]) -> str:
         """The exact text of ids, special tokens kept and no clean-up of spaces (so it can be compared)."""

@@ -167,6 +167,29 @@ class ErrorReply(msgspec.Struct, tag=True, kw_only=True):
     error: str
 
 
+def encodable(value: Any) -> Any:
+    """`value` with what msgpack cannot hold made so: lone surrogates (valid JSON escapes, not Unicode) become
+    '?', integers beyond 64 bits become their decimal text."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode("utf-8")
+    if isinstance(value, int) and not isinstance(value, bool) and not -2**63 <= value < 2**64:
+        return str(value)
+    if isinstance(value, list):
+        return [encodable(v) for v in value]
+    if isinstance(value, dict):
+        return {encodable(k): encodable(v) for k, v in value.items()}
+    return value
+
+
+def make_encodable(record: TurnRecord) -> None:
+    """Make a TurnRecord built from a client's JSON encodable, in place (see encodable): called when encoding it
+    failed, so the judge, the outbox and the pool all see the same record."""
+    for name in ("session_id", "group_id", "task_id", "response_text", "messages", "tools"):
+        setattr(record, name, encodable(getattr(record, name)))
+    if record.next_state is not None:
+        record.next_state.text = encodable(record.next_state.text)
+
+
 def turn_key(record: TurnRecord) -> str:
     """A turn's id from served to trained: its Sample's sample_id, its outbox and acknowledgement key."""
     return f"{record.session_id}/{record.segment}/{record.turn_index}"

@@ -19,11 +19,11 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
 import msgspec
 
-from clawr1.protocol import NextState, OutboxNextState, TurnAck, TurnRecord, turn_key
+from clawr1.protocol import NextState, OutboxNextState, TurnAck, TurnRecord, make_encodable, turn_key
 from clawr1.record_log import RecordLog
 
 SYNC_EVERY_S = 0.05
@@ -81,24 +81,29 @@ class Outbox:
         self.log.append(entry)
         self._dirty = True
 
+    def _write_turn(self, record: TurnRecord) -> None:
+        try:
+            self._write(record)
+        except (UnicodeEncodeError, OverflowError):  # from a client's JSON: made encodable, for the judge too
+            make_encodable(record)
+            self._write(record)
+
     # ------------------------------------------------------------ the gateway's side
     def served_turn(self, record: TurnRecord) -> None:
         """A main turn was served: log it (its next state comes later)."""
-        try:
-            self._write(record)
-        except UnicodeEncodeError:  # lone surrogates (valid JSON escapes, not Unicode): replaced, for the judge too
-            record.messages, record.tools = _scrubbed(record.messages), _scrubbed(record.tools)
-            record.response_text = _scrubbed(record.response_text)
-            self._write(record)
+        self._write_turn(record)
         self._apply(record)
 
     def next_state(self, record: TurnRecord) -> None:
         """The turn's next state arrived (already set on `record`): log it; the turn is now due for the judge."""
-        key = turn_key(record)
-        if key not in self.open:  # served before this gateway's outbox existed (a run resumed from sessions.bin)
-            self.served_turn(record)
-        entry = OutboxNextState(key=key, next_state=record.next_state, sent_at=record.sent_at)
-        self._write(entry)
+        if turn_key(record) not in self.open:  # served before this outbox existed (resumed from sessions.bin), or
+            self.served_turn(record)            # ingested: logged now, with its next state
+        entry = OutboxNextState(key=turn_key(record), next_state=record.next_state, sent_at=record.sent_at)
+        try:
+            self._write(entry)
+        except (UnicodeEncodeError, OverflowError):  # the next state is a client's text too
+            make_encodable(record)
+            self._write(entry)
         self._apply(entry)
 
     def mark_sent(self, record: TurnRecord) -> None:
@@ -157,13 +162,3 @@ class Outbox:
         self.sync()
         self.log.close()
 
-
-def _scrubbed(value: Any) -> Any:
-    """`value` with every string's unencodable characters (lone surrogates) replaced by '?'."""
-    if isinstance(value, str):
-        return value.encode("utf-8", "replace").decode("utf-8")
-    if isinstance(value, list):
-        return [_scrubbed(v) for v in value]
-    if isinstance(value, dict):
-        return {_scrubbed(k): _scrubbed(v) for k, v in value.items()}
-    return value

@@ -295,7 +295,12 @@ class Gateway:
         try:
             while True:
                 record = await self.judge_queue.get()
-                await sock.send_multipart(protocol.encode(record))
+                try:
+                    frames = protocol.encode(record)
+                except (UnicodeEncodeError, OverflowError):  # a client's JSON msgpack cannot hold (no outbox caught it)
+                    protocol.make_encodable(record)
+                    frames = protocol.encode(record)
+                await sock.send_multipart(frames)
                 self.metrics.inc("turns_sent", help="TurnRecords delivered to the judge")
         finally:
             sock.close(linger=2000)

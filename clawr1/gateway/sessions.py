@@ -36,7 +36,7 @@ from typing import Any, Optional
 import msgspec
 
 from clawr1.chat import ChatRenderer, ChatTemplateError, Prompt
-from clawr1.protocol import NextState, TurnRecord
+from clawr1.protocol import NextState, TurnRecord, encodable
 
 
 @dataclass
@@ -234,9 +234,13 @@ class SessionStore:
         saved = [SavedSession(s.id, s.segment, s.turns, s.tools,
                               [SavedCandidate(c.messages, c.token_ids, c.record, c.text) for c in s.candidates])
                  for s in self.sessions.values()]
+        try:
+            data = msgspec.msgpack.encode(saved)
+        except (UnicodeEncodeError, OverflowError):  # a client's JSON msgpack cannot hold: saved encodable
+            data = msgspec.msgpack.encode(encodable(msgspec.to_builtins(saved)))
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(msgspec.msgpack.encode(saved))
+        tmp.write_bytes(data)
         os.replace(tmp, path)
         return len(saved)
 

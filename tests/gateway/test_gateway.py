@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import openai
@@ -107,10 +108,12 @@ def test_side_turns_are_never_recorded(stack):
     {"model": "m", "messages": [{"role": "wizard", "content": "hi"}]},
     {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 9},
     {"model": "m", "messages": "hello"},
+    '{"model": "m", "messages": [{"role": "user", "content": "odd \\udc80"}]}',  # valid JSON; not Unicode text
 ])
 def test_invalid_requests_get_openai_shaped_400s(stack, body):
     cfg, _, _ = stack
-    r = httpx.post(f"{cfg.gateway_url}/v1/chat/completions", json=body)
+    raw = body if isinstance(body, str) else json.dumps(body)
+    r = httpx.post(f"{cfg.gateway_url}/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
     assert r.status_code == 400
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["message"]

@@ -69,10 +69,15 @@ def test_the_log_is_rewritten_once_acknowledged_turns_dominate(tmp_path):
     assert not (tmp_path / "outbox.log.rewrite").exists() and os.listdir(tmp_path) == ["outbox.log"]
 
 
-def test_a_lone_surrogate_is_replaced_not_a_server_error(tmp_path):
+def test_what_msgpack_cannot_hold_is_made_encodable_not_a_server_error(tmp_path):
     box = Outbox(tmp_path / "outbox.log")
-    r = turn("s", 0, text="a\ud800b")
+    r = turn("s\udc80", 0, text="a\ud800b")  # lone surrogates: valid JSON escapes, not Unicode
+    r.messages[0]["n"] = 2**70  # a JSON integer beyond 64 bits
     box.served_turn(r)
-    assert r.messages[0]["content"] == "a?b"  # the judge gets the same, encodable text
+    assert (r.session_id, r.messages[0]) == ("s?", {"role": "user", "content": "a?b", "n": str(2**70)})
+    r.next_state, r.sent_at = NextState(kind="user", text="no\ud801"), 1.0
+    box.next_state(r)  # the judge gets the same, encodable record
+    assert r.next_state.text == "no?"
     box.close()
-    assert Outbox(tmp_path / "outbox.log").open[turn_key(r)].record.messages[0]["content"] == "a?b"
+    again = Outbox(tmp_path / "outbox.log").open[turn_key(r)].record
+    assert again.messages[0]["content"] == "a?b" and again.next_state.text == "no?"

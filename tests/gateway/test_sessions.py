@@ -66,3 +66,15 @@ def test_token_count_equals_the_tokens_held_at_every_step(tiny_model, tmp_path, 
     later = open_counts[TURNS // 2:]
     assert min(later) >= 1 and sum(later) / len(later) >= 5
     assert gw.sessions.prefix_breaks > 0
+
+
+def test_sessions_holding_what_msgpack_cannot_hold_are_still_saved_and_taken_back(tiny_model, tmp_path):
+    cfg = make_config(tmp_path)
+    gw = Gateway(cfg, AutoTokenizer.from_pretrained(tiny_model), judge_addr=None)
+    histories = {"s0": [{"role": "user", "content": "hi", "note": "odd \udc80", "n": 2**70}]}  # a client's JSON
+    one_turn(gw, random.Random(0), "s0", histories)
+    assert gw.sessions.save(tmp_path / "sessions.bin") == 1  # a stopping gateway must not crash here
+    again = Gateway(cfg, AutoTokenizer.from_pretrained(tiny_model), judge_addr=None)
+    assert again.sessions.load(tmp_path / "sessions.bin") == 1
+    kept = again.sessions.sessions["s0"].candidates[0].messages[0]
+    assert kept["note"] == "odd ?" and kept["n"] == str(2**70)
