@@ -94,18 +94,11 @@ class ChatRenderer:
             raise ChatTemplateError("a conversation needs at least one message")
         kwargs = {**self.template_kwargs, **checked_template_kwargs(template_kwargs)}
         try:
-            text = self.tokenizer.apply_chat_template(
+            return self.tokenizer.apply_chat_template(
                 [dict(m) for m in messages], tools=list(tools) if tools else None, tokenize=False,
                 add_generation_prompt=add_generation_prompt, **kwargs)
         except (jinja2.TemplateError, TypeError, KeyError, AttributeError, ValueError) as e:
             raise ChatTemplateError(f"the model's chat template cannot render these messages: {e}") from None
-        if not text.isascii():
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError as e:  # JSON may escape a lone surrogate; no tokenizer takes one
-                raise ChatTemplateError(f"the messages hold text that is not Unicode: {text[e.start]!r} at "
-                                        f"character {e.start} of the rendered prompt (a lone surrogate)") from None
-        return text
 
     def decode(self, ids: Sequence[int]) -> str:
         """The exact text of ids, special tokens kept and no clean-up of spaces (so it can be compared)."""
@@ -116,9 +109,17 @@ class ChatRenderer:
     # ------------------------------------------------------------ ids
     def encode_text(self, text: str) -> list[int]:
         """Ids of plain text, no special tokens added (a template's markers in it are still special)."""
-        if self._fast is not None:
-            return self._fast.encode(text, add_special_tokens=False).ids
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        try:
+            if self._fast is not None:
+                return self._fast.encode(text, add_special_tokens=False).ids
+            return list(self.tokenizer.encode(text, add_special_tokens=False))
+        except (TypeError, UnicodeEncodeError):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:  # JSON may escape a lone surrogate; no tokenizer takes one
+                raise ChatTemplateError(f"the messages hold text that is not Unicode: {text[e.start]!r} at "
+                                        f"character {e.start} (a lone surrogate)") from None
+            raise
 
     def encode(self, text: str) -> list[int]:
         """Ids of rendered text: the ids of its pieces (split before each special token), each remembered."""

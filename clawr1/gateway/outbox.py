@@ -77,21 +77,22 @@ class Outbox:
         else:
             self.served, self.acked = entry.served, Counter(entry.acked)
 
-    def _write(self, entry: Entry) -> None:
-        self.log.append(entry)
-        self._dirty = True
-
-    def _write_turn(self, record: TurnRecord) -> None:
+    def _write(self, entry: Entry, record: Optional[TurnRecord] = None) -> None:
+        """Append `entry`; when it fails to encode, `record` (a client's JSON: the turn it is about) is made
+        encodable in place, for the judge too, and it is written again."""
         try:
-            self._write(record)
-        except (UnicodeEncodeError, OverflowError):  # from a client's JSON: made encodable, for the judge too
+            self.log.append(entry)
+        except (UnicodeEncodeError, OverflowError):
+            if record is None:
+                raise
             make_encodable(record)
-            self._write(record)
+            self.log.append(entry)
+        self._dirty = True
 
     # ------------------------------------------------------------ the gateway's side
     def served_turn(self, record: TurnRecord) -> None:
         """A main turn was served: log it (its next state comes later)."""
-        self._write_turn(record)
+        self._write(record, record)
         self._apply(record)
 
     def next_state(self, record: TurnRecord) -> None:
@@ -99,11 +100,7 @@ class Outbox:
         if turn_key(record) not in self.open:  # served before this outbox existed (resumed from sessions.bin), or
             self.served_turn(record)            # ingested: logged now, with its next state
         entry = OutboxNextState(key=turn_key(record), next_state=record.next_state, sent_at=record.sent_at)
-        try:
-            self._write(entry)
-        except (UnicodeEncodeError, OverflowError):  # the next state is a client's text too
-            make_encodable(record)
-            self._write(entry)
+        self._write(entry, record)  # the next state is a client's text too
         self._apply(entry)
 
     def mark_sent(self, record: TurnRecord) -> None:

@@ -74,22 +74,23 @@ class SampleSegments:
                 self.written[index] += 1
                 yield index, sample
             log.close()
-        self.active = indices[-1] if indices else 1
-        self.written.setdefault(self.active, 0)
-        self.log = RecordLog(self.path(self.active), Sample, self.fsync)
-        list(self.log.replay())
+        self._open(indices[-1] if indices else 1)
 
     def append_many(self, samples: list[Sample]) -> int:
         """Write `samples` durably into the active segment (rolling over first when it is full); its index."""
         if self.written[self.active] >= self.segment_samples:
             self.log.close()
-            self.active += 1
-            self.written[self.active] = 0
-            self.log = RecordLog(self.path(self.active), Sample, self.fsync)
-            list(self.log.replay())
+            self._open(self.active + 1)
         self.log.append_many(samples)
         self.written[self.active] += len(samples)
         return self.active
+
+    def _open(self, index: int) -> None:
+        """Make segment `index` the active one, open for appending."""
+        self.active = index
+        self.written.setdefault(index, 0)
+        self.log = RecordLog(self.path(index), Sample, self.fsync)
+        list(self.log.replay())
 
     def retire(self, index: int) -> None:
         """Delete (or archive) a segment none of whose samples is needed any more."""

@@ -149,6 +149,17 @@ async def play_group(run_task: Any, client: ChatClient, task: Any, session_id: s
                                        for i in range(size))))
 
 
+def tally_episodes(counts: dict[str, float], results: list[EpisodeResult]) -> None:
+    """Add training episodes to an environment's counters (`timeouts` where it keeps that one)."""
+    for result in results:
+        counts["episodes"] += 1
+        counts["episodes_passed"] += result.passed
+        counts["tool_calls"] += result.tool_calls
+        counts["tool_errors"] += result.tool_errors
+        if "timeouts" in counts:
+            counts["timeouts"] += result.timeouts
+
+
 def group_metrics(results: list[EpisodeResult]) -> dict[str, float]:
     """A training group's metrics: each episode metric's mean over the attempts."""
     per_episode = [r.metrics() for r in results]

@@ -37,7 +37,7 @@ from typing import Any, ClassVar, Optional
 
 from clawr1.environment import ChatClient, EpisodeResult
 from envs.agentic.agent import (AgentTask, Grade, ScriptedAgent, ToolOutcome, call_turn, evaluate_tasks, group_metrics,
-                                pass_rates, play_group, run_episode)
+                                pass_rates, play_group, run_episode, tally_episodes)
 from envs.agentic.sandbox import WORKSPACE, CommandResult, Sandbox, SandboxError, SandboxLimits
 from envs.terminal.tasks import BUNDLED_TASKS, TerminalTask, failing_tests, grader_files, load_tasks, \
     parse_test_output
@@ -392,12 +392,7 @@ class TerminalEnv:
         if not self.train_set:
             raise ValueError(f"{self.name} env: no training tasks (the set has {len(self.all_tasks)})")
         results = await play_group(self.run_task, client, rng.choice(self.train_set), session_id, self.cfg.group_size)
-        for result in results:
-            self.counts["episodes"] += 1
-            self.counts["episodes_passed"] += result.passed
-            self.counts["tool_calls"] += result.tool_calls
-            self.counts["tool_errors"] += result.tool_errors
-            self.counts["timeouts"] += result.timeouts
+        tally_episodes(self.counts, results)
         return group_metrics(results)
 
     async def evaluate(self, client: ChatClient, n: int, session_prefix: str) -> dict[str, float]:

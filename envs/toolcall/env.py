@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 from clawr1.environment import AssistantTurn, ChatClient, EpisodeResult
 from envs.agentic.agent import (AgentTask, ScriptedAgent, World, evaluate_tasks, group_metrics, pass_rates,
-                                play_group, run_episode)
+                                play_group, run_episode, tally_episodes)
 from envs.toolcall import bfcl, learnable, shop
 from envs.toolcall.worlds import BfclWorld, LearnableWorld, ShopWorld
 
@@ -220,11 +220,7 @@ class ToolCallEnv:
     async def episode(self, client: ChatClient, session_id: str, rng: random.Random) -> dict[str, float]:
         """`group_size` attempts at one random training task, one GRPO group (reported to the judge); their mean."""
         results = await play_group(self.run_task, client, rng.choice(self.train_set), session_id, self.cfg.group_size)
-        for result in results:
-            self.counts["episodes"] += 1
-            self.counts["episodes_passed"] += result.passed
-            self.counts["tool_calls"] += result.tool_calls
-            self.counts["tool_errors"] += result.tool_errors
+        tally_episodes(self.counts, results)
         return group_metrics(results)
 
     async def evaluate(self, client: ChatClient, n: int, session_prefix: str) -> dict[str, float]:

@@ -7,7 +7,6 @@ at once, and tampering agents try to get a pass without the fix.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from envs.swe.grading import grade_patch
 from envs.swe.tasks import SweTask
 from envs.swe.text_mode import FORMAT_REMINDER, SUBMIT_COMMAND, parse_command, text_turn
 from tests.conftest import REPO
-from tests.envs.test_terminal_env import SUBMIT, bash, play, script, write  # the same scripted-agent helpers
+from tests.envs.test_terminal_env import SUBMIT, bash, play, processes_with, script, write  # the same helpers
 
 pytestmark = pytest.mark.skipif(not available_backends(), reason="no isolating sandbox backend (bwrap, unshare) "
                                                                  "works on this machine")
@@ -230,18 +229,6 @@ def test_the_oracle_command_is_a_quoted_here_document():
 
 
 # --- containment: a hostile patch in an SWE episode ---
-
-def processes_with(text: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            try:
-                if text.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
-                    found.append(int(entry))
-            except OSError:
-                continue
-    return found
-
 
 def test_a_hostile_patch_is_contained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     env = SweEnv({"command_timeout_s": 5, "test_timeout_s": 20, "max_processes": 64, "memory_mb": 512})
