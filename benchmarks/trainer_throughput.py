@@ -81,7 +81,7 @@ def throughput(steps: int, threads: int) -> dict:
     path = resolve_model_path(ModelConfig())
     init_parallel(tp=1, seed=0)
     policy = build_policy(path)
-    ours_opt = TorchAdamW(policy.model, TrainerConfig(lr=1e-5), total_steps=1000, tp=1, dp=1)
+    ours_opt = TorchAdamW(policy.model.parameters(), TrainerConfig(lr=1e-5), total_steps=1000, tp=1, dp=1)
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     hf.train()
     hf_opt = torch.optim.AdamW(hf.parameters(), lr=1e-5)

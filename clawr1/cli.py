@@ -61,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--temperature", type=float, default=1.0)
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--out", help="report prefix (writes PREFIX.md, and PREFIX.png when there are categories)")
-    e = sub.add_parser("export", help="write a trainer checkpoint as an HF safetensors directory")
+    e = sub.add_parser("export", help="write a trainer checkpoint as an HF safetensors directory (LoRA: PEFT adapters)")
     e.add_argument("checkpoint", help="RUN_DIR/checkpoints/stepNNNNNN")
     e.add_argument("out_dir")
     rp = sub.add_parser("report", help="plot runs' curves to a PNG and summarize them in a markdown table")

@@ -338,6 +338,25 @@ class AlgoConfig(Section):
         return self
 
 
+class LoraConfig(Section):
+    """LoRA: the trainer trains low-rank adapters on a frozen base (clawr1/trainer/lora.py)."""
+
+    enabled: bool = False
+    rank: PositiveInt = 8
+    alpha: PositiveFloat = 16.0  # the adapter's output is scaled by alpha / rank
+    targets: list[Literal["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]] = Field(
+        default_factory=lambda: ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"])
+    per_user: bool = False  # one adapter per user, each in its own slot with its own optimizer state
+    slots: PositiveInt = 1  # adapters trained at once (per_user: the most users with an adapter of their own)
+    init_seed: int = 0  # the seed of every slot's initial A (B starts at zero)
+
+    @model_validator(mode="after")
+    def _slots(self) -> "LoraConfig":
+        if self.slots > 1 and not self.per_user:
+            raise ValueError(f"lora.slots={self.slots} holds one adapter per user: set lora.per_user=true (or slots=1)")
+        return self
+
+
 Strategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]  # Ray's placement group strategies
 RAY_ROLES = ("trainer", "engine", "prm", "teacher", "gateway", "judge", "pool", "rollout")
 
@@ -423,6 +442,7 @@ class Config(Section):
     pool: PoolConfig = Field(default_factory=PoolConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
@@ -447,6 +467,8 @@ class Config(Section):
         if j.score_noise + j.score_abstain > 1:
             raise ValueError(f"judge.score_noise + judge.score_abstain must be at most 1, got "
                              f"{j.score_noise} + {j.score_abstain}")
+        if self.lora.per_user and not self.lora.enabled:
+            raise ValueError("lora.per_user trains one adapter per user: set lora.enabled=true")
         if self.algo.w_topk and not j.teacher_topk:
             raise ValueError("algo.w_topk > 0 needs the judge to record the teacher's top-k: set judge.teacher_topk")
         if (self.algo.w_opd or self.algo.w_topk) and j.teacher == "none":

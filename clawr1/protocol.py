@@ -11,7 +11,7 @@ from typing import Any, Optional, Union
 
 import msgspec
 
-SCHEMA_VERSION = 4  # 4: TurnAck and JudgeHello (the gateway outbox)
+SCHEMA_VERSION = 5  # 4: TurnAck and JudgeHello (the gateway outbox); 5: the LoRA adapter on TurnRecord and Sample
 _HEADER_PREFIX = b"clawr1/"
 
 
@@ -51,6 +51,8 @@ class TurnRecord(msgspec.Struct, tag=True, kw_only=True):
     created_at: float = 0.0  # when the engine finished the turn (unix time)
     sent_at: float = 0.0  # when its next state arrived and the gateway queued it for the judge
     ingested: bool = False  # from a pre-collected log: tokens rendered from text, log-probs scored afterwards
+    adapter: str = ""  # the LoRA adapter that served the turn, as the engine knew it (`name@vN`); empty: none
+    adapter_slot: int = 0  # the trainer's adapter slot for it (lora.per_user: the user's)
 
 
 class Sample(msgspec.Struct, tag=True, kw_only=True):
@@ -81,6 +83,8 @@ class Sample(msgspec.Struct, tag=True, kw_only=True):
     turn_index: int = 0
     created_at: float = 0.0
     ingested: bool = False  # from a pre-collected log: off-policy by nature, so never dropped as stale
+    adapter: str = ""  # the LoRA adapter the turn was sampled with (TurnRecord.adapter)
+    adapter_slot: int = 0  # the adapter slot the trainer trains on this sample (lora.per_user: the user's)
 
     @property
     def response_len(self) -> int:
@@ -94,6 +98,8 @@ class Sample(msgspec.Struct, tag=True, kw_only=True):
                              f"teacher {self.teacher_temperature})")
         if self.prompt_len < 1 or n < 1:
             raise ValueError(f"sample {self.sample_id}: needs a prompt and a response (prompt_len={self.prompt_len}, tokens={len(self.tokens)})")
+        if self.adapter_slot < 0:
+            raise ValueError(f"sample {self.sample_id}: adapter_slot must be >= 0, got {self.adapter_slot}")
         for name in ("loss_mask", "rollout_logprobs", "versions"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"sample {self.sample_id}: {name} has {len(getattr(self, name))} entries, response has {n}")

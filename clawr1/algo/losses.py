@@ -37,21 +37,24 @@ def ppo_clipped_token_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: T
     return loss, low, high, dual
 
 
-def aggregation_weights(sample_index: Tensor, mask: Tensor, mode: str, total_tokens: int,
-                        total_samples: int, tokens_per_sample: Tensor) -> Tensor:
+def aggregation_weights(sample_index: Tensor, mask: Tensor, mode: str, total_tokens: int | Tensor,
+                        total_samples: int | Tensor, tokens_per_sample: Tensor) -> Tensor:
     """Per-token weights whose dot product with a per-token loss is the batch loss.
 
     - token-mean: every counted token of the batch weighs the same, 1 / total_tokens;
     - seq-mean-token-mean: each sample's tokens are averaged, then samples are
       averaged: 1 / (tokens of its sample * total_samples).
     The totals are those of the whole batch, so the result does not depend on how
-    samples are split into micro-batches or data-parallel ranks.
+    samples are split into micro-batches or data-parallel ranks. Totals given per token
+    (tensors shaped like `mask`) take each mean within a part of the batch, e.g. one user's.
     """
+    total_tokens = torch.as_tensor(total_tokens, dtype=mask.dtype, device=mask.device).clamp(min=1)
+    total_samples = torch.as_tensor(total_samples, dtype=mask.dtype, device=mask.device).clamp(min=1)
     if mode == "token-mean":
-        return mask / max(total_tokens, 1)
+        return mask / total_tokens
     if mode == "seq-mean-token-mean":
         per_token = tokens_per_sample[sample_index].clamp(min=1)
-        return mask / per_token / max(total_samples, 1)
+        return mask / per_token / total_samples
     raise ValueError(f"loss aggregation must be one of {AGGREGATIONS}, got {mode!r}")
 
 

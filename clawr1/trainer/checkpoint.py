@@ -2,7 +2,7 @@
 
     RUN_DIR/checkpoints/step000012/
         meta.json         step, weight version, last trained batch id, model and parallel layout
-        rank000.pt ...    per rank: its model shard, optimizer state, RNG states
+        rank000.pt ...    per rank: its model shard (with LoRA: its adapters only), optimizer state, RNG states
 
 Only whole checkpoints carry a `stepNNNNNN` name, so `latest` never returns a
 half-written one, whatever moment the process died at.
@@ -30,6 +30,7 @@ class CheckpointMeta:
     dp: int
     family: str
     baselines: dict = field(default_factory=dict)  # per-task EMA reward baselines
+    lora: dict = field(default_factory=dict)  # LoRA's rank, alpha, targets and slots; empty: full weights
 
 
 def _rng_state() -> dict:
@@ -109,11 +110,14 @@ def read_meta(path: Path) -> CheckpointMeta:
     return CheckpointMeta(**json.loads((path / "meta.json").read_text()))
 
 
-def load(path: Path, model: torch.nn.Module, optimizer, tp: int, dp: int) -> CheckpointMeta:
+def load(path: Path, model: torch.nn.Module, optimizer, tp: int, dp: int, lora: Optional[dict] = None) -> CheckpointMeta:
     meta = read_meta(path)
     if (meta.tp, meta.dp) != (tp, dp):
         raise ValueError(f"checkpoint {path} was written with tp={meta.tp} dp={meta.dp}; this run has tp={tp} dp={dp}. "
                          f"Export it (clawr1 export) and start from the HF weights instead.")
+    if meta.lora != (lora or {}):
+        raise ValueError(f"checkpoint {path} holds {'LoRA ' + str(meta.lora) if meta.lora else 'full weights'}; this run "
+                         f"trains {'LoRA ' + str(lora) if lora else 'full weights'} (the lora section must match)")
     state = torch.load(path / f"rank{dist.get_rank():03d}.pt", weights_only=False)
     model.load_state_dict(state["model"])
     if optimizer is not None:

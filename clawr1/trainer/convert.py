@@ -60,7 +60,8 @@ def _shard(t: Tensor, dim: int, tp_rank: int, tp: int) -> Tensor:
     return t.chunk(tp, dim=dim)[tp_rank].clone()
 
 
-def _qkv_to_megatron(q: Tensor, k: Tensor, v: Tensor, a: ArchSpec) -> Tensor:
+def fuse_qkv(q: Tensor, k: Tensor, v: Tensor, a: ArchSpec) -> Tensor:
+    """HF's q, k and v rows (weights, biases, or LoRA B) -> megatron's fused qkv rows, query group by group."""
     per_group = a.heads // a.kv_heads
     tail = q.shape[1:]
     q = q.reshape(a.kv_heads, per_group * a.head_dim, *tail)
@@ -69,7 +70,8 @@ def _qkv_to_megatron(q: Tensor, k: Tensor, v: Tensor, a: ArchSpec) -> Tensor:
     return torch.cat([q, k, v], dim=1).reshape(-1, *tail)
 
 
-def _qkv_from_megatron(qkv: Tensor, a: ArchSpec, kv_heads: int) -> tuple[Tensor, Tensor, Tensor]:
+def split_qkv(qkv: Tensor, a: ArchSpec, kv_heads: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Fused qkv rows holding `kv_heads` query groups (one TP shard's) -> their q, k and v rows."""
     per_group = a.heads // a.kv_heads
     tail = qkv.shape[1:]
     g = qkv.reshape(kv_heads, (per_group + 2) * a.head_dim, *tail)
@@ -90,10 +92,10 @@ def hf_to_megatron(hf: dict[str, Tensor], a: ArchSpec, tp_rank: int = 0, tp: int
         out[m + "input_layernorm.weight"] = hf[h + "input_layernorm.weight"].clone()
         out[m + "pre_mlp_layernorm.weight"] = hf[h + "post_attention_layernorm.weight"].clone()
         att = h + "self_attn."
-        qkv = _qkv_to_megatron(hf[att + "q_proj.weight"], hf[att + "k_proj.weight"], hf[att + "v_proj.weight"], a)
+        qkv = fuse_qkv(hf[att + "q_proj.weight"], hf[att + "k_proj.weight"], hf[att + "v_proj.weight"], a)
         out[m + "self_attention.linear_qkv.weight"] = _shard(qkv, 0, tp_rank, tp)
         if a.qkv_bias:
-            b = _qkv_to_megatron(hf[att + "q_proj.bias"], hf[att + "k_proj.bias"], hf[att + "v_proj.bias"], a)
+            b = fuse_qkv(hf[att + "q_proj.bias"], hf[att + "k_proj.bias"], hf[att + "v_proj.bias"], a)
             out[m + "self_attention.linear_qkv.bias"] = _shard(b, 0, tp_rank, tp)
         if a.qk_norm:
             out[m + "self_attention.q_layernorm.weight"] = hf[att + "q_norm.weight"].clone()
@@ -120,11 +122,11 @@ def megatron_to_hf(shards: list[dict[str, Tensor]], a: ArchSpec) -> dict[str, Te
         out[h + "input_layernorm.weight"] = s0[m + "input_layernorm.weight"].clone()
         out[h + "post_attention_layernorm.weight"] = s0[m + "pre_mlp_layernorm.weight"].clone()
         att = h + "self_attn."
-        parts = [_qkv_from_megatron(s[m + "self_attention.linear_qkv.weight"], a, a.kv_heads // tp) for s in shards]
+        parts = [split_qkv(s[m + "self_attention.linear_qkv.weight"], a, a.kv_heads // tp) for s in shards]
         for j, name in enumerate(("q_proj", "k_proj", "v_proj")):
             out[att + name + ".weight"] = torch.cat([p[j] for p in parts], dim=0)
         if a.qkv_bias:
-            parts = [_qkv_from_megatron(s[m + "self_attention.linear_qkv.bias"], a, a.kv_heads // tp) for s in shards]
+            parts = [split_qkv(s[m + "self_attention.linear_qkv.bias"], a, a.kv_heads // tp) for s in shards]
             for j, name in enumerate(("q_proj", "k_proj", "v_proj")):
                 out[att + name + ".bias"] = torch.cat([p[j] for p in parts], dim=0)
         if a.qk_norm:

@@ -31,7 +31,8 @@ from clawr1.tracking import MetricsWriter
 from clawr1.trainer import checkpoint
 from clawr1.trainer.megatron_setup import ParallelInfo, init_parallel, shutdown_parallel
 from clawr1.trainer.model import Policy, build_policy
-from clawr1.trainer.optim import MegatronDistributedAdam, TorchAdamW, wrap_ddp
+from clawr1.trainer.lora import LoraAdapters, LoraShape
+from clawr1.trainer.optim import MegatronDistributedAdam, SlotAdamW, TorchAdamW, wrap_ddp
 from clawr1.trainer.publish import WeightPublisher, gather_hf_state
 from clawr1.trainer.step import train_step
 
@@ -96,11 +97,29 @@ def build(cfg: Config, par: ParallelInfo, model_path) -> tuple[Policy, object]:
         raise ValueError("trainer.precision=bf16 needs CUDA; use fp32 on this machine")
     dtype = torch.bfloat16 if t.precision == "bf16" else torch.float32
     policy = build_policy(model_path, par.tp, par.tp_rank, dtype=dtype, use_te=use_transformer_engine(t.transformer_engine))
+    if cfg.lora.enabled:
+        return policy, add_lora(policy, cfg, par)
     if cuda:
         policy.model.cuda()
         ddp = wrap_ddp(policy.model)
         return policy, MegatronDistributedAdam(ddp, t, cfg.run.max_steps, bf16=dtype == torch.bfloat16)
-    return policy, TorchAdamW(policy.model, t, cfg.run.max_steps, par.tp, par.dp)
+    return policy, TorchAdamW(policy.model.parameters(), t, cfg.run.max_steps, par.tp, par.dp)
+
+
+def add_lora(policy: Policy, cfg: Config, par: ParallelInfo) -> SlotAdamW:
+    """Freeze the base, attach the adapters, and give each slot its own AdamW over its adapters only.
+
+    The adapters are small, so their optimizer is the plain one on GPU too (megatron's distributed optimizer
+    shards state that is not worth sharding here, and its buffers would cover the frozen base)."""
+    lc = cfg.lora
+    policy.model.requires_grad_(False)
+    shape = LoraShape(rank=lc.rank, alpha=lc.alpha, targets=tuple(lc.targets), slots=lc.slots)
+    policy.lora = LoraAdapters(policy.model, policy.arch, shape, par.tp, par.tp_rank, seed=lc.init_seed)
+    if torch.cuda.is_available():
+        policy.model.cuda()
+        policy.lora.cuda()
+    return SlotAdamW([policy.lora.slot_parameters(k) for k in range(lc.slots)], cfg.trainer, cfg.run.max_steps,
+                     par.tp, par.dp)
 
 
 def progress_line(step: int, max_steps: int, version: int, stats: dict) -> str:
@@ -136,7 +155,7 @@ class Trainer:
             log.info("no checkpoint to resume from in %s: starting fresh", self.ckpt_root)
             self.publish()  # engines that outlived the crash get the initial weights back, as version 0
             return
-        meta = checkpoint.load(path, self.policy.model, self.optimizer, self.par.tp, self.par.dp)
+        meta = checkpoint.load(path, self.trainable, self.optimizer, self.par.tp, self.par.dp, self.lora_layout)
         self.step, self.last_batch_id, self.baselines = meta.step, meta.last_batch_id, dict(meta.baselines)
         self.checkpointed_step = self.step
         log.info("resumed from %s: step %d, batch %d", path, self.step, self.last_batch_id)
@@ -145,6 +164,15 @@ class Trainer:
         # The engines may hold weights of steps after the checkpoint, which are lost: they get the
         # checkpoint's weights back under the checkpoint's version, so versions keep counting steps.
         self.publish()
+
+    @property
+    def trainable(self) -> torch.nn.Module:
+        """What the trainer changes, so what a checkpoint holds: the adapters with LoRA (the base is frozen)."""
+        return self.policy.lora if self.policy.lora is not None else self.policy.model
+
+    @property
+    def lora_layout(self) -> dict:
+        return self.cfg.lora.model_dump(include={"rank", "alpha", "targets", "slots"}) if self.cfg.lora.enabled else {}
 
     @property
     def version(self) -> int:
@@ -161,8 +189,9 @@ class Trainer:
         if every and (force or self.step % every == 0):
             meta = checkpoint.CheckpointMeta(step=self.step, version=self.version, last_batch_id=self.last_batch_id,
                                              base_model=str(self.model_path), tp=self.par.tp, dp=self.par.dp,
-                                             family=self.policy.arch.family, baselines=dict(self.baselines))
-            checkpoint.save(self.ckpt_root, meta, self.policy.model, self.optimizer, self.cfg.trainer.keep_checkpoints)
+                                             family=self.policy.arch.family, baselines=dict(self.baselines),
+                                             lora=self.lora_layout)
+            checkpoint.save(self.ckpt_root, meta, self.trainable, self.optimizer, self.cfg.trainer.keep_checkpoints)
             self.checkpointed_step = self.step
         if self.lead and (not every or force or self.step % every == 0):
             self.pool.call(Commit(batch_id=self.last_batch_id))

@@ -7,9 +7,11 @@ so a packed row computes exactly what separate rows would, with no padding.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -65,6 +67,7 @@ class Policy:
     arch: ArchSpec
     hf_config: object
     tp: int
+    lora: Optional[object] = None  # clawr1.trainer.lora.LoraAdapters when the run trains adapters
 
     @property
     def vocab(self) -> int:
@@ -122,9 +125,10 @@ class Packed:
     predict_at: Tensor  # [R] positions whose next-token prediction is a response token
     targets: Tensor  # [R] those response tokens
     sample_index: Tensor  # [R] which sample each response token belongs to
+    token_slots: Optional[Tensor] = None  # [T] the LoRA slot each token goes through (-1: the base alone)
 
 
-def pack(token_lists: list[list[int]], prompt_lens: list[int]) -> Packed:
+def pack(token_lists: list[list[int]], prompt_lens: list[int], slots: Optional[list[int]] = None) -> Packed:
     ids, pos, predict_at, targets, owner = [], [], [], [], []
     offset = 0
     for i, (toks, p) in enumerate(zip(token_lists, prompt_lens)):
@@ -138,6 +142,7 @@ def pack(token_lists: list[list[int]], prompt_lens: list[int]) -> Packed:
     return Packed(
         input_ids=torch.tensor([ids]), position_ids=torch.tensor([pos]), lengths=[len(t) for t in token_lists],
         predict_at=torch.tensor(predict_at), targets=torch.tensor(targets), sample_index=torch.tensor(owner),
+        token_slots=None if slots is None else torch.tensor([k for k, t in zip(slots, token_lists) for _ in t]),
     )
 
 
@@ -151,7 +156,9 @@ def hidden_states(policy: Policy, packed: Packed) -> Tensor:
     emb = m.embedding(input_ids=ids, position_ids=pos)  # [T, 1, H]
     params = packed_seq_params(packed.lengths, device)
     rotary = m.rotary_pos_emb(params.max_seqlen_q, packed_seq=True)
-    h = m.decoder(hidden_states=emb, attention_mask=None, rotary_pos_emb=rotary, packed_seq_params=params)
+    routing = policy.lora.route(packed.token_slots) if policy.lora is not None else contextlib.nullcontext()
+    with routing:
+        h = m.decoder(hidden_states=emb, attention_mask=None, rotary_pos_emb=rotary, packed_seq_params=params)
     return h[:, 0]
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator, Optional
 
 import torch
 
@@ -32,21 +32,20 @@ def lr_factor(cfg: TrainerConfig, total_steps: int) -> Callable[[int], float]:
     return factor
 
 
-def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+def _param_groups(params: list[torch.nn.Parameter], weight_decay: float) -> list[dict]:
     decay, no_decay = [], []
-    for p in model.parameters():
-        if p.requires_grad:
-            (decay if p.dim() >= 2 else no_decay).append(p)
+    for p in params:
+        (decay if p.dim() >= 2 else no_decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
 class TorchAdamW:
     """AdamW + schedule + DP all-reduce + TP-aware clipping, for CPU (and plain CUDA) training."""
 
-    def __init__(self, model: torch.nn.Module, cfg: TrainerConfig, total_steps: int, tp: int, dp: int):
-        self.params = [p for p in model.parameters() if p.requires_grad]
+    def __init__(self, params: Iterable[torch.nn.Parameter], cfg: TrainerConfig, total_steps: int, tp: int, dp: int):
+        self.params = [p for p in params if p.requires_grad]
         self.tp, self.dp, self.clip = tp, dp, cfg.grad_clip
-        self.optimizer = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.lr,
+        self.optimizer = torch.optim.AdamW(_param_groups(self.params, cfg.weight_decay), lr=cfg.lr,
                                            betas=tuple(cfg.adam_betas), eps=cfg.adam_eps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(cfg, total_steps))
 
@@ -67,6 +66,40 @@ class TorchAdamW:
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+
+
+class SlotAdamW:
+    """One TorchAdamW per LoRA slot, each with its own moments, schedule and grad-norm clip.
+
+    A step moves only the slots it names (those with data in the minibatch): an idle user's adapter,
+    Adam moments and lr schedule stay exactly as they were, and one user's gradient never scales another's.
+    """
+
+    def __init__(self, slot_params: list[list[torch.nn.Parameter]], cfg: TrainerConfig, total_steps: int, tp: int,
+                 dp: int):
+        self.slots = [TorchAdamW(params, cfg, total_steps, tp, dp) for params in slot_params]
+
+    def zero_grad(self) -> None:
+        for opt in self.slots:
+            opt.zero_grad()
+
+    def step(self, slots: Optional[Iterable[int]] = None) -> dict[str, float]:
+        chosen = range(len(self.slots)) if slots is None else sorted(set(slots))
+        stats = {k: self.slots[k].step() for k in chosen}
+        out = {"grad_norm": math.sqrt(sum(s["grad_norm"] ** 2 for s in stats.values())),
+               "lr": max((s["lr"] for s in stats.values()), default=0.0), "slots_stepped": len(stats)}
+        out.update({f"grad_norm_slot{k}": s["grad_norm"] for k, s in stats.items()})
+        return out
+
+    def state_dict(self) -> dict:
+        return {"slots": [opt.state_dict() for opt in self.slots]}
+
+    def load_state_dict(self, state: dict) -> None:
+        if len(state["slots"]) != len(self.slots):
+            raise ValueError(f"the checkpoint holds {len(state['slots'])} LoRA slots, this run has {len(self.slots)} "
+                             f"(lora.slots)")
+        for opt, s in zip(self.slots, state["slots"]):
+            opt.load_state_dict(s)
 
 
 class MegatronDistributedAdam:

@@ -33,6 +33,7 @@ from clawr1.engine_api.client import SyncEngineClient
 from clawr1.protocol import WeightsPublished
 from clawr1.trainer.convert import megatron_to_hf
 from clawr1.trainer.hf_io import write_weights_dir
+from clawr1.trainer.lora import merge_into
 from clawr1.trainer.model import Policy, megatron_state
 
 log = logging.getLogger("clawr1.trainer")
@@ -59,7 +60,11 @@ def gather_hf_state(policy: Policy) -> dict | None:
 
 
 def _host_copy(policy: Policy) -> dict[str, Tensor]:
-    return {k: v.cpu() for k, v in megatron_state(policy.model).items()}
+    """This rank's weights on the host; with LoRA, slot 0's adapter merged into them."""
+    state = megatron_state(policy.model)
+    if policy.lora is not None:
+        state = merge_into(state, policy.lora, slot=0)
+    return {k: v.cpu() for k, v in state.items()}
 
 
 def to_each_engine(engines: list[SyncEngineClient], update: Callable[[SyncEngineClient], object]) -> None:

@@ -6,6 +6,10 @@
         one optimizer step
     per-token loss = PPO clipped surrogate of A = w_rl*A_rl + w_opd*(teacher - old), times a TIS weight,
                      + kl_coef * KL(policy || reference) - entropy_coef * entropy + w_topk * top-k reverse KL
+
+With LoRA adapters in several slots (lora.per_user) every sample goes through its own slot's adapter, GRPO
+groups and loss means are taken within a slot, and only the slots with data in a minibatch are stepped:
+each user's update is the one their samples alone would give.
 """
 from __future__ import annotations
 
@@ -22,7 +26,8 @@ from clawr1.algo.losses import (aggregation_weights, kl_estimate, ppo_clipped_to
                                 truncated_importance_weights)
 from clawr1.config import AlgoConfig
 from clawr1.protocol import Sample
-from clawr1.trainer.model import Policy, logprobs_and_entropy, pack, packed_logprobs_entropy, response_hidden
+from clawr1.trainer.model import Packed, Policy, logprobs_and_entropy, pack, packed_logprobs_entropy, response_hidden
+from clawr1.trainer.optim import SlotAdamW
 from clawr1.trainer.parallel import all_reduce_max, all_reduce_sum, dp_shard
 
 
@@ -48,6 +53,12 @@ class BatchPlan:
     rl_advantage: dict[str, float]  # sample id -> scalar-reward advantage (absent: no reward)
     dropped_stale: int
     staleness: Counter
+    dropped_no_slot: int = 0  # samples naming an adapter slot this trainer does not have
+
+
+def baseline_key(s: Sample) -> str:
+    """The EMA baseline a sample's reward is compared with: its task's, per adapter slot."""
+    return s.task_id if s.adapter_slot == 0 else f"{s.task_id}@slot{s.adapter_slot}"
 
 
 def rl_sample_advantages(samples: list[Sample], algo: AlgoConfig,
@@ -60,26 +71,30 @@ def rl_sample_advantages(samples: list[Sample], algo: AlgoConfig,
     if algo.baseline == "none":
         adv = torch.where(has, rewards, torch.zeros_like(rewards))
     else:  # group
-        groups = {g: i for i, g in enumerate(dict.fromkeys(s.group_id for s in samples))}
-        index = torch.tensor([groups[s.group_id] for s in samples])
+        key = [(s.adapter_slot, s.group_id) for s in samples]  # a group never spans two users' adapters
+        groups = {g: i for i, g in enumerate(dict.fromkeys(key))}
+        index = torch.tensor([groups[k] for k in key])
         adv = grpo_advantages(rewards, has, index, algo.normalize_std)
-        sizes = Counter(s.group_id for s in samples if s.reward is not None)
-        single = torch.tensor([sizes[s.group_id] == 1 for s in samples]) & has
+        sizes = Counter(k for k, s in zip(key, samples) if s.reward is not None)
+        single = torch.tensor([sizes[k] == 1 for k in key]) & has
         if algo.singleton_baseline == "ema" and bool(single.any()):
-            ema, baselines = ema_advantages(rewards, single, [s.task_id for s in samples], baselines, algo.ema_decay)
+            ema, baselines = ema_advantages(rewards, single, [baseline_key(s) for s in samples], baselines,
+                                            algo.ema_decay)
             adv = torch.where(single, ema, adv)
         elif algo.singleton_baseline == "none":
             adv = torch.where(single, rewards, adv)
     return {s.sample_id: float(a) for s, a, h in zip(samples, adv, has) if h}, baselines
 
 
-def plan_batch(samples: list[Sample], algo: AlgoConfig, trainer_version: int,
-               baselines: dict[str, float]) -> tuple[BatchPlan, dict[str, float]]:
+def plan_batch(samples: list[Sample], algo: AlgoConfig, trainer_version: int, baselines: dict[str, float],
+               slots: int = 1) -> tuple[BatchPlan, dict[str, float]]:
+    """Drop stale samples and samples of slots past `slots`; the scalar-reward advantages of the rest."""
     staleness = Counter(trainer_version - min(s.versions) for s in samples)
-    kept = [s for s in samples
-            if algo.max_staleness < 0 or s.ingested or trainer_version - min(s.versions) <= algo.max_staleness]
+    fresh = [s for s in samples
+             if algo.max_staleness < 0 or s.ingested or trainer_version - min(s.versions) <= algo.max_staleness]
+    kept = [s for s in fresh if s.adapter_slot < slots]
     advantages, baselines = rl_sample_advantages(kept, algo, baselines)
-    return BatchPlan(kept, advantages, len(samples) - len(kept), staleness), baselines
+    return BatchPlan(kept, advantages, len(samples) - len(fresh), staleness, len(fresh) - len(kept)), baselines
 
 
 # ---------------------------------------------------------------- one micro-batch
@@ -166,10 +181,37 @@ def _student_logprobs(policy: Policy, samples: list[Sample], packed, chunk_token
     return logp, entropy, topk, _at_teacher_temperature(policy, samples, packed, hidden, logp, chunk_tokens)
 
 
-def micro_batch_loss(policy: Policy, samples: list[Sample], plan: BatchPlan, algo: AlgoConfig, total_tokens: int,
-                     total_samples: int, chunk_tokens: int, old: Optional[OldLogprobs],
-                     ref_policy: Optional[Policy], sums: Sums) -> Tensor:
-    packed = pack([s.tokens for s in samples], [s.prompt_len for s in samples])
+def pack_samples(policy: Policy, samples: list[Sample]) -> Packed:
+    """The samples in one packed row; with LoRA, each sample's tokens routed to its adapter slot."""
+    slots = [s.adapter_slot for s in samples] if policy.lora is not None else None
+    return pack([s.tokens for s in samples], [s.prompt_len for s in samples], slots)
+
+
+@dataclass
+class Totals:
+    """Response tokens and samples of a minibatch over all ranks, per adapter slot: the loss means' denominators."""
+
+    tokens: dict[int, int]
+    samples: dict[int, int]
+
+    @classmethod
+    def of(cls, samples: list[Sample]) -> "Totals":
+        tokens, count = Counter(), Counter()
+        for s in samples:
+            tokens[s.adapter_slot] += sum(s.loss_mask)
+            count[s.adapter_slot] += 1
+        return cls(dict(tokens), dict(count))
+
+    def per_token(self, samples: list[Sample]) -> tuple[Tensor, Tensor]:
+        """The token and sample totals of each response token's slot."""
+        tokens = [float(self.tokens[s.adapter_slot]) for s in samples for _ in range(s.response_len)]
+        count = [float(self.samples[s.adapter_slot]) for s in samples for _ in range(s.response_len)]
+        return torch.tensor(tokens), torch.tensor(count)
+
+
+def micro_batch_loss(policy: Policy, samples: list[Sample], plan: BatchPlan, algo: AlgoConfig, totals: Totals,
+                     chunk_tokens: int, old: Optional[OldLogprobs], ref_policy: Optional[Policy], sums: Sums) -> Tensor:
+    packed = pack_samples(policy, samples)
     topk = _topk_inputs(samples) if algo.w_topk else None
     logp, entropy, student_topk, opd_base = _student_logprobs(policy, samples, packed, chunk_tokens,
                                                               None if topk is None else topk[0])
@@ -193,6 +235,7 @@ def micro_batch_loss(policy: Policy, samples: list[Sample], plan: BatchPlan, alg
     pg, low, high, dual = ppo_clipped_token_loss(logp, old_lp, adv, algo.eps_clip_low, algo.eps_clip_high, algo.dual_clip)
     tis = truncated_importance_weights(old_lp, rollout, algo.tis_cap) if algo.tis_cap else torch.ones_like(pg)
     tokens_per_sample = torch.tensor([float(sum(s.loss_mask)) for s in samples], device=dev)
+    total_tokens, total_samples = (t.to(dev) for t in totals.per_token(samples))
     weights = aggregation_weights(idx, mask, algo.loss_aggregation, total_tokens, total_samples, tokens_per_sample)
     loss = (pg * tis * weights).sum()
     sums.add("pg_loss", loss.detach())
@@ -237,7 +280,7 @@ def _old_logprobs(policy: Policy, samples: list[Sample], max_tokens: int, chunk_
     old = OldLogprobs({}, {})
     with torch.no_grad():
         for mb in micro_batches(samples, max_tokens):
-            packed = pack([s.tokens for s in mb], [s.prompt_len for s in mb])
+            packed = pack_samples(policy, mb)
             at_sample, _, _, at_teacher = _student_logprobs(policy, mb, packed, chunk_tokens, None)
             lengths = [s.response_len for s in mb]
             for s, a, b in zip(mb, at_sample.cpu().split(lengths), at_teacher.cpu().split(lengths)):
@@ -246,13 +289,13 @@ def _old_logprobs(policy: Policy, samples: list[Sample], max_tokens: int, chunk_
 
 
 def minibatch_shards(samples: list[Sample], minibatches: int, dp_rank: int,
-                     dp: int) -> list[tuple[int, int, list[Sample]]]:
-    """Each non-empty minibatch as (its response tokens and samples over all ranks, this rank's share of it)."""
+                     dp: int) -> list[tuple[Totals, list[Sample]]]:
+    """Each non-empty minibatch as (its totals over all ranks, this rank's share of it)."""
     out = []
     for part in range(minibatches):
         minibatch = samples[part::minibatches]
         if minibatch:
-            out.append((int(sum(sum(s.loss_mask) for s in minibatch)), len(minibatch), dp_shard(minibatch, dp_rank, dp)))
+            out.append((Totals.of(minibatch), dp_shard(minibatch, dp_rank, dp)))
     return out
 
 
@@ -261,24 +304,25 @@ def train_step(policy: Policy, optimizer, samples: list[Sample], algo: AlgoConfi
                baselines: Optional[dict[str, float]] = None, ref_policy: Optional[Policy] = None) -> dict[str, Any]:
     """One trainer step on the whole batch; with dp > 1, this rank works on its share. Updates `baselines`."""
     baselines = {} if baselines is None else baselines
-    plan, new_baselines = plan_batch(samples, algo, trainer_version, baselines)
+    slots = policy.lora.shape.slots if policy.lora is not None else 1
+    plan, new_baselines = plan_batch(samples, algo, trainer_version, baselines, slots)
     baselines.clear()
     baselines.update(new_baselines)
     shards = minibatch_shards(plan.samples, algo.minibatches, dp_rank, dp)
     passes = algo.ppo_epochs * algo.minibatches
     # with several optimizer steps per batch, the ratio is against the policy from before the first one;
     # this rank computes it for exactly the samples it will train on
-    mine = [s for _, _, shard in shards for s in shard]
+    mine = [s for _, shard in shards for s in shard]
     old = _old_logprobs(policy, mine, max_tokens_per_microbatch, chunk_tokens) if passes > 1 else None
     sums, opt = Sums(), {"grad_norm": 0.0, "lr": 0.0}
     for _ in range(algo.ppo_epochs):
-        for total_tokens, total_samples, shard in shards:
+        for totals, shard in shards:
             optimizer.zero_grad()
             for mb in micro_batches(shard, max_tokens_per_microbatch):
-                loss = micro_batch_loss(policy, mb, plan, algo, total_tokens, total_samples, chunk_tokens, old,
-                                        ref_policy, sums)
+                loss = micro_batch_loss(policy, mb, plan, algo, totals, chunk_tokens, old, ref_policy, sums)
                 loss.backward()
-            opt = optimizer.step()  # every rank steps, with or without samples (it joins the all-reduces)
+            # every rank steps, with or without samples (it joins the all-reduces); LoRA: the slots with data
+            opt = optimizer.step(slots=totals.tokens) if isinstance(optimizer, SlotAdamW) else optimizer.step()
     return _report(plan, samples, sums, opt, passes, dp)
 
 
@@ -314,6 +358,7 @@ def _report(plan: BatchPlan, samples: list[Sample], sums: Sums, opt: dict, passe
         "frac_topk": sum(x.teacher_topk_ids is not None for x in kept) / n,
         "frac_both": sum(x.reward is not None and x.teacher_logprobs is not None for x in kept) / n,
         "samples": len(samples), "samples_trained": len(kept), "dropped_stale_trainer": plan.dropped_stale,
+        "dropped_no_slot": plan.dropped_no_slot,
         "response_tokens": int(sum(sum(x.loss_mask) for x in kept)), "tokens": sum(len(x.tokens) for x in kept),
         "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
         "hint_rate": sum(x.teacher_logprobs is not None for x in samples) / max(len(samples), 1),

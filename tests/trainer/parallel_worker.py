@@ -40,7 +40,7 @@ def main(model: str, samples_path: str, out: str, tp: int, algo_overrides: dict)
     # a large eps keeps the first Adam update a smooth function of the gradient (not ~sign(g)), so
     # weights after the step can be compared as tightly as the gradients
     cfg = TrainerConfig(lr=1e-3, grad_clip=0.05, adam_eps=1e-3)
-    opt = TorchAdamW(policy.model, cfg, total_steps=10, tp=tp, dp=par.dp)
+    opt = TorchAdamW(policy.model.parameters(), cfg, total_steps=10, tp=tp, dp=par.dp)
     # every objective at once: GRPO + EMA baselines, OPD, top-k KL, reference KL, entropy bonus, dual clip, TIS
     algo = AlgoConfig(**{"w_rl": 1.0, "w_opd": 0.5, "w_topk": 0.3, "kl_coef": 0.1, "entropy_coef": 0.01, "dual_clip": 3.0,
                          **algo_overrides})

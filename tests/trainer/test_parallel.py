@@ -36,10 +36,11 @@ def synthetic_samples(n: int = 12, vocab: int = 1000, seed: int = 0, topk: int =
     return out
 
 
-def run_ranks(tiny_model, samples_path, out, world: int, tp: int, **algo) -> dict:
+def run_ranks(tiny_model, samples_path, out, world: int, tp: int, worker: str = "tests.trainer.parallel_worker",
+              **algo) -> dict:
     port = str(free_port())
     procs = [subprocess.Popen(
-        [sys.executable, "-m", "tests.trainer.parallel_worker", str(tiny_model), str(samples_path), str(out), str(tp),
+        [sys.executable, "-m", worker, str(tiny_model), str(samples_path), str(out), str(tp),
          json.dumps(algo)],
         cwd=REPO, env={**os.environ, "RANK": str(r), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
                        "MASTER_PORT": port}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
