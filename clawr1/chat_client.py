@@ -21,9 +21,9 @@ class GatewayChat:
 
     async def chat(self, session_id: str, messages: list[dict], *, tools: Optional[list[dict]] = None,
                    side: bool = False, seed: Optional[int] = None, max_tokens: Optional[int] = None,
-                   task_id: str = "", group_id: str = "") -> AssistantTurn:
+                   task_id: str = "", group_id: str = "", user: str = "") -> AssistantTurn:
         headers = {"X-Session-Id": session_id, "X-Turn-Type": "side" if side else "main"}
-        headers.update({k: v for k, v in (("X-Task-Id", task_id), ("X-Group-Id", group_id)) if v})
+        headers.update({k: v for k, v in (("X-Task-Id", task_id), ("X-Group-Id", group_id), ("X-User-Id", user)) if v})
         params = {**self.params, **({"max_tokens": max_tokens} if max_tokens else {}),
                   **({"tools": tools} if tools else {})}
         resp = await self.client.chat.completions.create(model=self.model, messages=messages, seed=seed,

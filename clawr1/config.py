@@ -145,6 +145,11 @@ class ServeConfig(Section):
     memory_budget_gb: NonNegativeFloat = 0.0
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     weight_version: NonNegativeInt = 0  # the version the loaded weights carry (a restarted engine: the newest published)
+    # LoRA serving (SGLang: --enable-lora --max-loras-per-batch --max-lora-rank): adapters held at once; 0: off.
+    # lora.sync=adapter needs 3 per slot (the newest version, the one before finishing its requests, and the one
+    # being loaded); unset, it is 3 per slot + 1
+    max_loras: NonNegativeInt = 0
+    max_lora_rank: PositiveInt = 64
     num_engines: PositiveInt = 1  # `clawr1 run` starts this many engines (ports serve.port, extra_ports...)
     extra_ports: list[Port] = Field(default_factory=list)  # ports of engines 2..n (filled by `clawr1 run`)
     sglang: SGLangConfig = Field(default_factory=SGLangConfig)
@@ -347,6 +352,9 @@ class LoraConfig(Section):
     targets: list[Literal["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]] = Field(
         default_factory=lambda: ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"])
     per_user: bool = False  # one adapter per user, each in its own slot with its own optimizer state
+    # adapter: each publish loads `<slot name>@v<N>` into the engines and the gateway routes to it (only the adapters
+    # travel); merged: slot 0 merged into full weights, published as without LoRA (no per-user adapters then)
+    sync: Literal["adapter", "merged"] = "adapter"
     slots: PositiveInt = 1  # adapters trained at once (per_user: the most users with an adapter of their own)
     init_seed: int = 0  # the seed of every slot's initial A (B starts at zero)
 
@@ -469,6 +477,19 @@ class Config(Section):
                              f"{j.score_noise} + {j.score_abstain}")
         if self.lora.per_user and not self.lora.enabled:
             raise ValueError("lora.per_user trains one adapter per user: set lora.enabled=true")
+        if self.lora.per_user and self.lora.sync != "adapter":
+            raise ValueError("lora.per_user serves each user their own adapter: it needs lora.sync=adapter")
+        if self.lora.enabled and self.lora.sync == "adapter":
+            if "max_loras" not in self.serve.model_fields_set:
+                self.serve.max_loras = 3 * self.lora.slots + 1
+            if self.serve.max_loras < 3 * self.lora.slots:
+                raise ValueError(f"serve.max_loras ({self.serve.max_loras}) must hold three versions of each of the "
+                                 f"{self.lora.slots} adapters (lora.slots): the newest, the one before, the next")
+            if self.lora.rank > self.serve.max_lora_rank:
+                raise ValueError(f"lora.rank ({self.lora.rank}) exceeds serve.max_lora_rank ({self.serve.max_lora_rank})")
+            if j.teacher == "lagged":
+                raise ValueError("judge.teacher=lagged refreshes a teacher engine with full weights; with lora.sync=adapter "
+                                 "use judge.teacher=policy (the base, adapter off) or frozen")
         if self.algo.w_topk and not j.teacher_topk:
             raise ValueError("algo.w_topk > 0 needs the judge to record the teacher's top-k: set judge.teacher_topk")
         if (self.algo.w_opd or self.algo.w_topk) and j.teacher == "none":

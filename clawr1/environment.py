@@ -43,8 +43,9 @@ class ChatClient(Protocol):
 
     async def chat(self, session_id: str, messages: list[dict], *, tools: Optional[list[dict]] = None,
                    side: bool = False, seed: Optional[int] = None, max_tokens: Optional[int] = None,
-                   task_id: str = "", group_id: str = "") -> AssistantTurn:
-        """The next assistant turn. `side=True`: never trained on (evaluation); task_id/group_id group samples."""
+                   task_id: str = "", group_id: str = "", user: str = "") -> AssistantTurn:
+        """The next assistant turn. `side=True`: never trained on (evaluation); task_id/group_id group samples;
+        `user`: who is asking (with lora.per_user, whose adapter answers)."""
         ...
 
     async def complete(self, session_id: str, reward: float, text: str = "") -> None:

@@ -15,6 +15,7 @@ from typing import Any, AsyncIterator, Callable, Iterator, Optional
 import httpx
 import orjson
 
+from clawr1.engine_api import lora
 from clawr1.engine_api.http_client import ConnectionFailed, HttpClient
 from clawr1.engine_api.versions import parse_version, token_versions
 
@@ -65,15 +66,20 @@ def joined(first: Generation, rest: Generation) -> Generation:
 
 
 def generate_payload(input_ids: list[int], sampling_params: dict[str, Any], *, return_logprob: bool = True,
-                     logprob_start_len: int = -1, top_logprobs_num: int = 0, stream: bool = False) -> dict[str, Any]:
-    return {
+                     logprob_start_len: int = -1, top_logprobs_num: int = 0, stream: bool = False,
+                     lora_path: Optional[str] = None) -> dict[str, Any]:
+    """POST /generate; `lora_path` names a loaded LoRA adapter (None: the base weights)."""
+    payload = {
         "input_ids": list(input_ids), "sampling_params": sampling_params, "return_logprob": return_logprob,
         "logprob_start_len": logprob_start_len, "top_logprobs_num": top_logprobs_num, "stream": stream,
     }
+    if lora_path is not None:
+        payload["lora_path"] = lora_path
+    return payload
 
 
 def prompt_logprobs_payload(input_ids: list[int], first_scored: int, top_k: int = 0,
-                            temperature: float = 1.0) -> dict[str, Any]:
+                            temperature: float = 1.0, lora_path: Optional[str] = None) -> dict[str, Any]:
     """Score tokens first_scored.. of `input_ids` with one prefill (SGLang's entry 0 is always null, hence -1).
 
     A temperature other than 1 uses the embedded engine's `input_logprob_temperature` (SGLang has none:
@@ -81,7 +87,7 @@ def prompt_logprobs_payload(input_ids: list[int], first_scored: int, top_k: int 
     if first_scored < 1:
         raise ValueError("the first token of a prompt has no log-prob")
     payload = generate_payload(input_ids, {"max_new_tokens": 0, "temperature": 0.0}, logprob_start_len=first_scored - 1,
-                               top_logprobs_num=top_k)
+                               top_logprobs_num=top_k, lora_path=lora_path)
     if temperature != 1.0:
         payload["input_logprob_temperature"] = temperature
     return payload
@@ -163,9 +169,10 @@ class EngineClient:
         except ConnectionFailed:
             return False
 
-    async def score(self, input_ids: list[int], first_scored: int, top_k: int = 0, temperature: float = 1.0) -> Generation:
+    async def score(self, input_ids: list[int], first_scored: int, top_k: int = 0, temperature: float = 1.0,
+                    lora_path: Optional[str] = None) -> Generation:
         """Log-probs of input_ids[first_scored:] from one prefill (`.prompt_logprobs`, `.prompt_top_*`)."""
-        payload = prompt_logprobs_payload(input_ids, first_scored, top_k, temperature)
+        payload = prompt_logprobs_payload(input_ids, first_scored, top_k, temperature, lora_path)
         return parse_generation(await self._post("prompt scoring", payload))
 
     async def model_info(self) -> dict:
@@ -399,11 +406,43 @@ class SyncEngineClient:
     def weight_version(self) -> int:
         return parse_version(self.model_info().get("weight_version"))
 
+    # ---- LoRA adapters (clawr1/engine_api/lora.py). Loading never pauses: running requests keep their adapter.
+    def load_lora_adapter(self, name: str, path: str) -> dict:
+        """A PEFT directory this engine can read."""
+        return _lora_reply(self.http.post("/load_lora_adapter", json=lora.load_from_disk_payload(name, path)),
+                           f"load_lora_adapter {name}")
+
+    def load_lora_adapter_from_tensors(self, name: str, config: dict, tensors: dict, tp_size: int = 1) -> dict:
+        """PEFT tensors in the request, in the shape this engine's kind and release take."""
+        proto = self.update_protocol()
+        release = _release(proto.release)
+        payload = lora.load_from_tensors_payload(name, config, tensors, embedded=proto.engine == EMBEDDED_ENGINE,
+                                                 release=release[0] if release else None, tp_size=tp_size)
+        return _lora_reply(self.http.post("/load_lora_adapter_from_tensors", json=payload),
+                           f"load_lora_adapter_from_tensors {name}")
+
+    def unload_lora_adapter(self, name: str) -> dict:
+        """The engine answers once the adapter's in-flight requests are done."""
+        return _lora_reply(self.http.post("/unload_lora_adapter", json=lora.unload_payload(name)),
+                           f"unload_lora_adapter {name}")
+
     def generate(self, input_ids: list[int], sampling_params: dict[str, Any], **kw: Any) -> Generation:
         return parse_generation(_check(self.http.post("/generate", json=generate_payload(input_ids, sampling_params, **kw)), "generate"))
 
     def close(self) -> None:
         self.http.close()
+
+
+def _lora_reply(resp: httpx.Response, what: str) -> dict:
+    """SGLang's LoRAUpdateOutput; a refusal (HTTP 400, success false) raises EngineError with its message."""
+    try:
+        body = resp.json()
+    except ValueError:
+        body = None
+    if resp.status_code == 200 and isinstance(body, dict) and body.get("success"):
+        return body
+    message = body.get("error_message") if isinstance(body, dict) else resp.text[:300]
+    raise EngineError(f"{what} refused (HTTP {resp.status_code}): {message}", resp.status_code)
 
 
 def final_weight_version(url: str) -> dict[str, Any]:

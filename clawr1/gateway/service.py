@@ -22,6 +22,7 @@ from clawr1 import bus, protocol
 from clawr1.chat import ChatRenderer, ChatTemplateError
 from clawr1.config import Config
 from clawr1.engine_api.client import EngineError, Generation, joined
+from clawr1.gateway.adapters import AdapterRouting
 from clawr1.gateway.ingest import IngestLedger, content_id, logged_turns
 from clawr1.gateway.logprobs import TokenText, openai_logprobs
 from clawr1.gateway.metrics import Metrics
@@ -31,7 +32,7 @@ from clawr1.gateway.openai_types import (ChatCompletionRequest, IngestRequest, S
 from clawr1.gateway.parsers import ParsedOutput, StreamSplitter, default_tool_call_format, parse_output
 from clawr1.gateway.router import EngineRouter, NoEngineError
 from clawr1.gateway.sessions import SEGMENTS_PER_START, Session, SessionStore, canonical, next_start
-from clawr1.protocol import JudgeHello, NextState, TurnAck, TurnRecord, turn_key
+from clawr1.protocol import JudgeHello, NextState, TurnAck, TurnRecord, WeightsPublished, turn_key
 from clawr1.tracking import MetricsWriter, RunStatus
 
 log = logging.getLogger("clawr1.gateway")
@@ -82,6 +83,7 @@ class TurnContext:
     side: bool = False
     group_id: str = ""
     task_id: str = ""
+    user: str = ""  # whose adapter serves the turn (lora.per_user): X-User-Id, the `user` field, or the session
 
 
 @dataclass
@@ -112,6 +114,7 @@ class Choice:
 
 
 MAX_CONTINUATIONS = 3  # an aborted generation is continued at most this many times
+ADAPTER_TRIES = 3  # an engine call whose adapter version was unloaded meanwhile goes out again at most this often
 INGEST_QUEUE_WAIT_S = 30.0  # an ingest request waits this long for room in the judge queue, then gets a 503
 REPORT_EVERY_S = 5.0  # the gateway's counters go to metrics.jsonl this often
 
@@ -131,6 +134,8 @@ class Gateway:
         self.token_text = TokenText(tokenizer)
         self.tokenizer = tokenizer
         self.router = EngineRouter(cfg.engine_urls)
+        self.adapters = AdapterRouting(cfg)
+        self.publish_addr = cfg.publish_addr
         self.sessions = SessionStore(self.renderer, self.cfg.max_sessions, self.cfg.session_ttl_s,
                                      self.cfg.max_session_tokens, cfg.model.on_template_break)
         self.judge_addr = judge_addr
@@ -177,6 +182,8 @@ class Gateway:
                 self._tasks.append(asyncio.create_task(self._resend_unacknowledged()))
         self._tasks.append(asyncio.create_task(self._expire_sessions()))
         self._tasks.append(asyncio.create_task(self.router.watch_health()))
+        if self.adapters.enabled:
+            self._tasks.append(asyncio.create_task(self._follow_adapters()))
         self._tasks.append(asyncio.create_task(self._report()))
 
     async def stop(self) -> None:
@@ -194,6 +201,17 @@ class Gateway:
         if self.outbox is not None:
             self.outbox.close()
         await self.router.close()
+
+    async def _follow_adapters(self) -> None:
+        """Route to each adapter version as soon as the trainer announces it (it is loaded in every engine by then)."""
+        sub = bus.sub_socket(self.publish_addr, asyncio=True)
+        try:
+            while True:
+                msg = protocol.decode(await sub.recv_multipart())
+                if isinstance(msg, WeightsPublished):
+                    self.adapters.published(msg.version)
+        finally:
+            sub.close(0)
 
     async def _report(self) -> None:
         while True:
@@ -358,21 +376,41 @@ class Gateway:
                                     f"{self.max_context} (serve.context_length)", code="context_length_exceeded")
         return prompt
 
-    async def _generate(self, key: str, prompt: list[int], params: dict, top_k: int = 0) -> Generation:
+    async def _engine_generate(self, key: str, prompt: list[int], params: dict, top_k: int,
+                               slot: Optional[int]) -> Generation:
+        """One engine call, through the slot's newest adapter (see _adapter_gone)."""
+        for attempt in range(ADAPTER_TRIES):
+            name = self.adapters.name(slot)
+            try:
+                return await self.router.call(key, lambda e: e.generate(prompt, params, return_logprob=True,
+                                                                       top_logprobs_num=top_k, lora_path=name))
+            except EngineError as e:
+                await self._adapter_gone(e, name, attempt)
+
+    async def _adapter_gone(self, error: EngineError, name: Optional[str], attempt: int) -> None:
+        """Re-raise `error` unless it says the adapter `name` left the engine before the request reached it (the
+        trainer unloads the version before the previous one at each publish); then wait for the next version."""
+        if name is None or error.status != 400 or "LoRA adapter" not in str(error) or attempt + 1 >= ADAPTER_TRIES:
+            raise error
+        self.metrics.inc("adapter_retries", help="engine calls sent again because their adapter version was unloaded")
+        for _ in range(20):
+            if self.adapters.name_unchanged(name):
+                await asyncio.sleep(0.05)
+
+    async def _generate(self, key: str, prompt: list[int], params: dict, top_k: int = 0,
+                        slot: Optional[int] = None) -> Generation:
         """One choice. A generation the engine aborted (SGLang <= 0.5.20 aborts running requests to update its
         weights) is continued from where it stopped, so the agent never sees a cut answer because of training."""
         t0 = time.perf_counter()
         try:
-            gen = await self.router.call(key, lambda e: e.generate(prompt, params, return_logprob=True,
-                                                                   top_logprobs_num=top_k))
+            gen = await self._engine_generate(key, prompt, params, top_k, slot)
             for _ in range(MAX_CONTINUATIONS):
                 left = params["max_new_tokens"] - len(gen.output_ids)
                 if gen.finish_reason != "abort" or left <= 0:
                     break
                 self.metrics.inc("continued_after_abort", help="generations an engine aborted, continued")
                 more_params, so_far = {**params, "max_new_tokens": left}, prompt + gen.output_ids
-                gen = joined(gen, await self.router.call(key, lambda e: e.generate(
-                    so_far, more_params, return_logprob=True, top_logprobs_num=top_k)))
+                gen = joined(gen, await self._engine_generate(key, so_far, more_params, top_k, slot))
             return gen
         except NoEngineError as e:
             raise GatewayError(503, str(e), "engine_unavailable") from None
@@ -381,7 +419,25 @@ class Gateway:
         finally:
             self._engine_wait += time.perf_counter() - t0
 
-    async def _stream(self, key: str, prompt: list[int], params: dict, top_k: int = 0) -> AsyncIterator[Generation]:
+    async def _engine_stream(self, key: str, prompt: list[int], params: dict, top_k: int,
+                             slot: Optional[int]) -> AsyncIterator[Generation]:
+        """One streamed engine call, through the slot's newest adapter; sent again only before its first token."""
+        for attempt in range(ADAPTER_TRIES):
+            name = self.adapters.name(slot)
+            started = False
+            try:
+                async for partial in self.router.stream(key, lambda e: e.generate_stream(
+                        prompt, params, return_logprob=True, top_logprobs_num=top_k, lora_path=name)):
+                    started = True
+                    yield partial
+                return
+            except EngineError as e:
+                if started:
+                    raise
+                await self._adapter_gone(e, name, attempt)
+
+    async def _stream(self, key: str, prompt: list[int], params: dict, top_k: int = 0,
+                      slot: Optional[int] = None) -> AsyncIterator[Generation]:
         """Partial results of one choice; an aborted generation is continued (as in _generate), seamlessly."""
         try:
             done: Optional[Generation] = None
@@ -389,8 +445,7 @@ class Gateway:
                 so_far = prompt + (done.output_ids if done else [])
                 more_params = {**params, "max_new_tokens": params["max_new_tokens"] - len(so_far) + len(prompt)}
                 last = None
-                async for partial in self.router.stream(key, lambda e: e.generate_stream(
-                        so_far, more_params, return_logprob=True, top_logprobs_num=top_k)):
+                async for partial in self._engine_stream(key, so_far, more_params, top_k, slot):
                     last = partial
                     yield joined(done, partial) if done else partial
                 done = joined(done, last) if done and last else (last or done)
@@ -408,7 +463,7 @@ class Gateway:
         t0 = time.perf_counter()
         waited_before = self._engine_wait
         async with self._turn(req, ctx) as turn:
-            calls = [self._generate(turn.key, turn.prompt, self._sampling_params(req, i), _top_k(req))
+            calls = [self._generate(turn.key, turn.prompt, self._sampling_params(req, i), _top_k(req), turn.slot)
                      for i in range(req.n)]
             gens = [await calls[0]] if req.n == 1 else await asyncio.gather(*calls)
             choices = [self._choice(i, g, turn.parse_tools) for i, g in enumerate(gens)]
@@ -471,7 +526,8 @@ class Gateway:
 
                 calls_out = 0
                 try:
-                    async for partial in self._stream(turn.key, turn.prompt, self._sampling_params(req, i), _top_k(req)):
+                    async for partial in self._stream(turn.key, turn.prompt, self._sampling_params(req, i), _top_k(req),
+                                                      turn.slot):
                         last = partial
                         text = self.decode(partial)
                         if text.endswith("\ufffd"):  # half a UTF-8 character: wait for the rest
@@ -664,6 +720,7 @@ class _Turn:
         self.session_id = "" if ctx.side else (ctx.session_id or f"anon-{uuid.uuid4().hex}")
         self.key = ctx.session_id or self.session_id or self.cid  # engine affinity, side turns included
         self.holds_lock = False
+        self.slot = gw.adapters.slot_of(ctx.user or self.key)  # the user's LoRA adapter slot (None: the base)
 
     async def __aenter__(self) -> "_Turn":
         gw = self.gw
@@ -707,7 +764,8 @@ class _Turn:
                 prompt_ids=self.prompt, response_ids=c.gen.output_ids, rollout_logprobs=c.gen.logprobs,
                 versions=c.gen.versions, temperature=sampled_temperature(self.req), messages=self.messages,
                 tools=self.tools, response_text=c.text,
-                finish_reason=c.gen.finish_reason, group_id=group, task_id=self.ctx.task_id, created_at=time.time())
+                finish_reason=c.gen.finish_reason, group_id=group, task_id=self.ctx.task_id, created_at=time.time(),
+                adapter=gw.adapters.name(self.slot) or "", adapter_slot=gw.adapters.trained_slot(self.slot))
             s.turns += 1
             replies.append((c.history_message(), c.gen.output_ids, record))
             if gw.outbox is not None:

@@ -46,6 +46,7 @@ def make_sample(record: TurnRecord, verdict: Verdict, scores: Optional[TeacherSc
         teacher_topk_logprobs=teacher.prompt_top_logprobs if teacher and teacher.prompt_top_ids else None,
         teacher_version=teacher.weight_version if teacher else None, hint=verdict.hint, votes=verdict.votes,
         session_id=record.session_id, turn_index=record.turn_index, created_at=time.time(), ingested=record.ingested,
+        adapter=record.adapter, adapter_slot=record.adapter_slot,
     )
 
 

@@ -27,6 +27,7 @@ temperature the student sampled at); /get_model_info advertises it.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -38,6 +39,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from clawr1.serving.adapters import Adapter, AdapterBank, AdapterError, build_adapter
 from clawr1.serving.model_runner import ModelRunner
 
 log = logging.getLogger("clawr1.engine")
@@ -107,6 +109,7 @@ class GenerateRequest:
     top_logprobs_num: int = 0
     input_logprob_temperature: float = 1.0  # prompt log-probs are log_softmax(logits / this)
     stream: bool = False  # emit an event per token (otherwise only the final result)
+    lora_path: Optional[str] = None  # the name of a loaded LoRA adapter (SGLang's field); None: the base
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
@@ -128,13 +131,14 @@ class _Running:
     stop_text_cut: Optional[int] = None
     slot: int = -1  # KV cache slot while running
     retractions: int = 0  # times its KV cache was dropped (pause in retract mode, weight change)
+    adapter: Optional[Adapter] = None  # its LoRA adapter, held until it finishes
 
 
 class Engine:
     """One model, one scheduler thread, many concurrent requests."""
 
     def __init__(self, model_path: str | Path, dtype: str = "float32", max_running: int = 32,
-                 weight_version: int = 0, max_context: Optional[int] = None):
+                 weight_version: int = 0, max_context: Optional[int] = None, max_loras: int = 0, max_lora_rank: int = 64):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.model_path = str(model_path)
@@ -144,6 +148,8 @@ class Engine:
         self.max_running = max_running
         self.max_context = max_context or getattr(model.config, "max_position_embeddings", 4096)
         self.runner = ModelRunner(model, slots=max_running, capacity=self.max_context)
+        # LoRA (SGLang's --enable-lora): adapters by name, chosen per request; 0 adapters: LoRA is off
+        self.adapters = AdapterBank(model, max_loras, max_lora_rank) if max_loras else None
         self.weight_version = weight_version
         self.eos_ids = self._eos_ids(model)
         self._waiting: deque[_Running] = deque()
@@ -180,9 +186,10 @@ class Engine:
         Events: {"type": "token", ...partial result} and finally {"type": "done", ...result}.
         """
         self._check(req)
+        adapter = self._acquire_adapter(req.lora_path)
         gen = torch.Generator()
         gen.manual_seed(req.params.sampling_seed if req.params.sampling_seed is not None else int(torch.randint(2**62, (1,))))
-        state = _Running(req, on_event, gen, time.time())
+        state = _Running(req, on_event, gen, time.time(), adapter=adapter)
         self.requests_total += 1
         with self._wake:
             self._waiting.append(state)
@@ -217,6 +224,38 @@ class Engine:
     def update_weights_from_tensors(self, state: dict[str, torch.Tensor], version: Optional[int] = None) -> int:
         """Load named tensors (any subset of the model's) between decode steps."""
         return self.control(lambda: self._load_state(state, version, partial=True))
+
+    # ------------------------------------------------------------ LoRA adapters (SGLang's endpoints)
+    def load_adapter(self, name: str, config: dict, tensors: dict[str, torch.Tensor], source: str = "__tensor__") -> None:
+        """Add an adapter; requests may name it from now on. Running requests are not touched."""
+        bank = self.lora_bank()
+        bank.add(build_adapter(name, config, tensors, self.model, bank.max_rank, source))
+
+    def unload_adapter(self, name: str, timeout_s: float = 600.0) -> None:
+        """Refuse new requests for `name` at once; remove it once its in-flight requests are done."""
+        bank = self.lora_bank()
+        adapter = bank.start_draining(name)
+        deadline = time.monotonic() + timeout_s
+        while not bank.remove_if_idle(adapter):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the LoRA adapter {name!r} still serves {adapter.in_flight} requests")
+            time.sleep(0.01)
+
+    def loaded_adapters(self) -> dict[str, str]:
+        return self.adapters.loaded() if self.adapters is not None else {}
+
+    def lora_bank(self) -> AdapterBank:
+        if self.adapters is None:
+            raise RequestError("LoRA is not enabled on this engine (serve.max_loras, SGLang's --enable-lora)")
+        return self.adapters
+
+    def _acquire_adapter(self, name: Optional[str]) -> Optional[Adapter]:
+        if name is None:
+            return None
+        try:
+            return self.lora_bank().acquire(name)
+        except AdapterError as e:
+            raise RequestError(str(e)) from None
 
     def pause(self, mode: str = "abort") -> None:
         """Stop stepping, as SGLang's /pause_generation does. `abort` (SGLang's default) finishes every
@@ -351,7 +390,8 @@ class Engine:
             self._prefill(r)
         if decoding:
             tokens = torch.tensor([r.output_ids[-1] for r in decoding])
-            hidden = self.runner.decode(tokens, [r.slot for r in decoding])
+            with self._adapters_of(decoding):
+                hidden = self.runner.decode(tokens, [r.slot for r in decoding])
             self._sample(decoding, self.runner.logits(hidden))
         self._running = [r for r in self._running if r.finish is None]
         self.steps += 1
@@ -360,7 +400,8 @@ class Engine:
         """A new request's prompt, or a retracted one's prompt + output so far; then its next token."""
         req = r.req
         r.slot = self.runner.cache.take()
-        hidden = self.runner.prefill(torch.tensor(req.input_ids + r.output_ids), r.slot)
+        with self._adapters_of([r]):
+            hidden = self.runner.prefill(torch.tensor(req.input_ids + r.output_ids), r.slot)
         if r.output_ids:  # retracted: its prompt log-probs were taken the first time
             self._running.append(r)
             self._sample([r], self.runner.logits(hidden[-1:]))
@@ -372,6 +413,11 @@ class Engine:
             return
         self._running.append(r)
         self._sample([r], self.runner.logits(hidden[-1:]))
+
+    def _adapters_of(self, batch: list[_Running]):
+        if self.adapters is None:
+            return contextlib.nullcontext()
+        return self.adapters.use([r.adapter for r in batch])
 
     def _prompt_logprobs(self, r: _Running, hidden: torch.Tensor) -> None:
         """SGLang's layout: entry k is [logprob of x_{s+k} given x_{<s+k}, x_{s+k}, None], entry 0 has no logprob."""
@@ -403,7 +449,7 @@ class Engine:
             r.output_ids.append(token)
             self.tokens_total += 1
             r.output_logprobs.append(lp)
-            r.versions.append(self.weight_version)
+            r.versions.append(self._version_of(r))
             if r.req.top_logprobs_num > 0:
                 r.output_top.append(_top(logp[i], r.req.top_logprobs_num))
             r.finish = self._finish_reason(r, token)
@@ -429,12 +475,20 @@ class Engine:
             return {"type": "length", "length": len(r.output_ids)}
         return None
 
+    def _version_of(self, r: _Running) -> int:
+        """The weight version of a request's next token: its adapter's (`name@vN`), else the base weights'."""
+        version = r.adapter.version if r.adapter is not None else None
+        return self.weight_version if version is None else version
+
     def _finish(self, r: _Running, reason: dict) -> None:
         r.finish = reason
         if r.slot >= 0:
             self.runner.cache.release(r.slot)
             r.slot = -1
         r.on_event({"type": "done", **self.result(r)})
+        if r.adapter is not None:
+            self.adapters.release(r.adapter)
+            r.adapter = None
 
     # ------------------------------------------------------------ results in SGLang's shape
     def result(self, r: _Running) -> dict:
@@ -452,7 +506,7 @@ class Engine:
             "completion_tokens": len(ids),
             "cached_tokens": 0,
             "num_retractions": r.retractions,
-            "weight_version": str(r.versions[-1] if r.versions else self.weight_version),
+            "weight_version": str(r.versions[-1] if r.versions else self._version_of(r)),
             "weight_versions": _version_spans(r.versions),
             "e2e_latency": time.time() - r.created,
         }

@@ -1,19 +1,40 @@
 """`clawr1 serve`: the embedded engine over HTTP."""
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 
 import torch
 import uvicorn
 
 from clawr1.config import Config
 from clawr1.runtime import freeze_startup_objects, setup_logging
-from clawr1.serving.engine import Engine
+from clawr1.engine_api.lora import adapter_name
+from clawr1.serving.adapters import AdapterError, read_peft_dir
+from clawr1.serving.engine import Engine, RequestError
 from clawr1.serving.memory import GIB, EngineMemoryError, check_fits, plan_engine
 from clawr1.serving.server import create_app
 from clawr1.model_path import resolve_model_path
 
 log = logging.getLogger("clawr1.serve")
+
+
+def load_published_adapters(engine: Engine, adapters_dir: Path) -> None:
+    """A restarted engine of a run that publishes LoRA adapters takes the newest ones back (RUN_DIR/adapters)."""
+    try:
+        current = json.loads((adapters_dir / "current.json").read_text())
+    except (OSError, ValueError):
+        return
+    version = int(current["version"])
+    for slot in current["slots"]:
+        where = adapters_dir / f"v{version:06d}" / f"slot{slot}"
+        try:
+            config, tensors = read_peft_dir(str(where))
+            engine.load_adapter(adapter_name(slot, version), config, tensors, source=str(where))
+        except (AdapterError, RequestError) as e:
+            log.warning("could not load the published adapter %s: %s", where, e)
+    log.info("loaded the published adapters of version %d: %s", version, sorted(engine.loaded_adapters()))
 
 
 def main(cfg: Config) -> int:
@@ -32,9 +53,11 @@ def main(cfg: Config) -> int:
         log.error("%s", e)
         return 2
     engine = Engine(path, dtype=s.dtype, max_running=s.max_running_requests, max_context=plan.context,
-                    weight_version=s.weight_version)
+                    weight_version=s.weight_version, max_loras=s.max_loras, max_lora_rank=s.max_lora_rank)
     log.info("engine on %s serving %s (%d requests x %d tokens; weights %.2f GiB + KV cache %.2f GiB)", cfg.engine_url,
              path, plan.slots, plan.context, plan.weights_bytes / GIB, plan.kv_cache_bytes / GIB)
+    if s.max_loras:
+        load_published_adapters(engine, cfg.run_dir / "adapters")
     freeze_startup_objects()
     try:
         uvicorn.run(create_app(engine), host=cfg.serve.host, port=cfg.serve.port, log_level="warning", loop="uvloop", http="httptools",

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from clawr1.engine_api.client import EMBEDDED_ENGINE
 from clawr1.engine_api.nccl import local_nccl_version
 from clawr1.engine_api.versions import parse_version
+from clawr1.serving.adapters import AdapterError, read_peft_dir
 from clawr1.serving.engine import Engine, GenerateRequest, RequestError, SamplingParams
 
 
@@ -56,6 +57,9 @@ def parse_generate(body: dict, tokenizer: Any) -> tuple[list[GenerateRequest], b
         raise RequestError("give either text or input_ids")
     n = len(prompts)
     params = [SamplingParams.from_dict(p) for p in _per_prompt(body.get("sampling_params") or {}, n, "sampling_params")]
+    adapters = _per_prompt(body.get("lora_path"), n, "lora_path")
+    if any(a is not None and not isinstance(a, str) for a in adapters):
+        raise RequestError("lora_path must be an adapter name, or a list of one (or null) per prompt")
     rid = body.get("rid")
     input_temperature = body.get("input_logprob_temperature", 1.0)
     if (not isinstance(input_temperature, (int, float)) or isinstance(input_temperature, bool)
@@ -63,8 +67,8 @@ def parse_generate(body: dict, tokenizer: Any) -> tuple[list[GenerateRequest], b
         raise RequestError(f"input_logprob_temperature must be a number in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}], "
                            f"got {input_temperature!r}")
     requests = []
-    for i, (ids, sp) in enumerate(zip(prompts, params)):
-        for j in range(sp.n):
+    for ids, sp, adapter in zip(prompts, params, adapters):
+        for _ in range(sp.n):
             kwargs = {}
             if rid is not None and not (batch or sp.n > 1):
                 kwargs["rid"] = str(rid)
@@ -72,7 +76,7 @@ def parse_generate(body: dict, tokenizer: Any) -> tuple[list[GenerateRequest], b
                 input_ids=list(ids), params=sp, return_logprob=bool(body.get("return_logprob") or False),
                 logprob_start_len=int(body["logprob_start_len"]) if body.get("logprob_start_len") is not None else -1,
                 top_logprobs_num=int(body.get("top_logprobs_num") or 0), input_logprob_temperature=float(input_temperature),
-                stream=bool(body.get("stream")), **kwargs))
+                stream=bool(body.get("stream")), lora_path=adapter, **kwargs))
     return requests, batch or any(p.n > 1 for p in params)
 
 
@@ -112,7 +116,7 @@ def create_app(engine: Engine) -> FastAPI:
     async def generate(request: Request) -> Response:
         body = await _json_body(request)
         reqs, is_batch = parse_generate(body, engine.tokenizer)
-        queues = [_submit(engine, r) for r in reqs]
+        queues = _submit_all(engine, reqs)
         if body.get("stream"):
             return StreamingResponse(_stream(engine, request, reqs, queues, is_batch), media_type="text/event-stream")
         try:
@@ -156,6 +160,41 @@ def create_app(engine: Engine) -> FastAPI:
         except RequestError as e:
             return JSONResponse({"success": False, "message": str(e)}, 400)
         return JSONResponse({"success": True, "message": f"Succeeded to update model weights. Weight version updated to {new}."})
+
+    @app.post("/load_lora_adapter")
+    async def load_lora_adapter(request: Request) -> JSONResponse:
+        """SGLang's: a PEFT directory on this machine (`lora_path`) under the name `lora_name`."""
+        body = await _json_body(request)
+        path = body.get("lora_path")
+        if not isinstance(path, str) or not path:
+            return _lora_reply(engine, "lora_path (a PEFT adapter directory) is required")
+
+        def load() -> None:
+            engine.lora_bank()  # an engine without LoRA says so before anything is read
+            config, tensors = read_peft_dir(path)
+            engine.load_adapter(body.get("lora_name"), config, tensors, source=path)
+
+        return await _lora_call(engine, load)
+
+    @app.post("/load_lora_adapter_from_tensors")
+    async def load_lora_adapter_from_tensors(request: Request) -> JSONResponse:
+        """SGLang 0.5.23's shape: `lora_name`, `config_dict` (adapter_config.json) and `serialized_named_tensors`,
+        one entry per TP rank, here base64 safetensors (`load_format: "safetensors"`; SGLang's own is a pickle,
+        which an HTTP endpoint must not unpickle)."""
+        body = await _json_body(request)
+
+        def load() -> None:
+            engine.lora_bank()
+            tensors, _ = _json_tensors(body)
+            engine.load_adapter(body.get("lora_name"), body.get("config_dict"), tensors)
+
+        return await _lora_call(engine, load)
+
+    @app.post("/unload_lora_adapter")
+    async def unload_lora_adapter(request: Request) -> JSONResponse:
+        """Takes no new request for the adapter at once; answers once its in-flight requests are done."""
+        body = await _json_body(request)
+        return await _lora_call(engine, lambda: engine.unload_adapter(str(body.get("lora_name"))))
 
     @app.post("/pause_generation")
     async def pause_generation(request: Request) -> JSONResponse:
@@ -239,6 +278,33 @@ def _decode_tensors(entry: Any) -> dict:
         return load(base64.b64decode(entry))
     except Exception as e:  # not base64, or not a safetensors file
         raise RequestError(f"serialized_named_tensors entry is not base64 safetensors: {type(e).__name__}") from None
+
+
+def _lora_reply(engine: Engine, error: str = "") -> JSONResponse:
+    """SGLang's LoRAUpdateOutput: success, error_message, loaded_adapters (name -> where it came from)."""
+    return JSONResponse({"success": not error, "error_message": error or None, "loaded_adapters": engine.loaded_adapters()},
+                        status_code=400 if error else 200)
+
+
+async def _lora_call(engine: Engine, fn) -> JSONResponse:
+    try:
+        await asyncio.to_thread(fn)
+    except (RequestError, AdapterError, TimeoutError) as e:
+        return _lora_reply(engine, str(e))
+    return _lora_reply(engine)
+
+
+def _submit_all(engine: Engine, reqs: list[GenerateRequest]) -> list[asyncio.Queue]:
+    """Submit every request of a body, or none: one refused (e.g. an unknown adapter) aborts those before it."""
+    queues = []
+    try:
+        for r in reqs:
+            queues.append(_submit(engine, r))
+    except RequestError:
+        for r in reqs[: len(queues)]:
+            engine.abort(r.rid)
+        raise
+    return queues
 
 
 def _submit(engine: Engine, req: GenerateRequest) -> asyncio.Queue:

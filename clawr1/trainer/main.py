@@ -31,9 +31,9 @@ from clawr1.tracking import MetricsWriter
 from clawr1.trainer import checkpoint
 from clawr1.trainer.megatron_setup import ParallelInfo, init_parallel, shutdown_parallel
 from clawr1.trainer.model import Policy, build_policy
-from clawr1.trainer.lora import LoraAdapters, LoraShape
+from clawr1.trainer.lora import LoraAdapters, LoraShape, peft_config
 from clawr1.trainer.optim import MegatronDistributedAdam, SlotAdamW, TorchAdamW, wrap_ddp
-from clawr1.trainer.publish import WeightPublisher, gather_hf_state
+from clawr1.trainer.publish import WeightPublisher, gather_adapters, gather_hf_state
 from clawr1.trainer.step import train_step
 
 log = logging.getLogger("clawr1.trainer")
@@ -180,6 +180,13 @@ class Trainer:
         return self.step
 
     def publish(self) -> None:
+        lc = self.cfg.lora
+        if lc.enabled and lc.sync == "adapter":
+            adapters = gather_adapters(self.policy)
+            if self.lead:
+                config = peft_config(self.policy.lora.shape, str(self.model_path))
+                self.publisher.publish_adapters(adapters, config, version=self.version, step=self.step)
+            return
         hf_state = gather_hf_state(self.policy)
         if self.lead:
             self.publisher.publish(hf_state, version=self.version, step=self.step)

@@ -15,12 +15,13 @@ A weight version counts the trainer steps published, so it always equals the ste
 from __future__ import annotations
 
 import ipaddress
+import json
 import logging
 import shutil
 import socket
 import time
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable, Optional, Protocol
 from urllib.parse import urlsplit
 
 import httpx
@@ -29,11 +30,12 @@ from torch import Tensor
 
 from clawr1 import bus, protocol
 from clawr1.config import Config
-from clawr1.engine_api.client import SyncEngineClient
+from clawr1.engine_api.client import EngineError, SyncEngineClient
 from clawr1.protocol import WeightsPublished
 from clawr1.trainer.convert import megatron_to_hf
 from clawr1.trainer.hf_io import write_weights_dir
-from clawr1.trainer.lora import merge_into
+from clawr1.engine_api.lora import adapter_name
+from clawr1.trainer.lora import merge_into, peft_tensors, write_peft_adapter
 from clawr1.trainer.model import Policy, megatron_state
 
 log = logging.getLogger("clawr1.trainer")
@@ -65,6 +67,25 @@ def _host_copy(policy: Policy) -> dict[str, Tensor]:
     if policy.lora is not None:
         state = merge_into(state, policy.lora, slot=0)
     return {k: v.cpu() for k, v in state.items()}
+
+
+def gather_adapters(policy: Policy) -> dict[int, dict[str, Tensor]] | None:
+    """Every slot's adapter as PEFT tensors (HF names, TP shards joined) on global rank 0; None elsewhere."""
+    lead = dist.get_rank() == 0
+    mine = {slot: policy.lora.host_state(slot) for slot in range(policy.lora.shape.slots)}
+    if policy.tp == 1:
+        shards = [mine]
+    else:
+        from megatron.core import parallel_state
+
+        if parallel_state.get_data_parallel_rank() != 0:
+            return None
+        group = parallel_state.get_tensor_model_parallel_group()
+        shards = [None] * policy.tp if lead else None
+        dist.gather_object(mine, shards, dst=dist.get_global_rank(group, 0), group=group)
+    if not lead:
+        return None
+    return {slot: peft_tensors([s[slot] for s in shards], policy.arch, policy.lora.shape.targets) for slot in mine}
 
 
 def to_each_engine(engines: list[SyncEngineClient], update: Callable[[SyncEngineClient], object]) -> None:
@@ -176,7 +197,79 @@ class NcclSink:
         self.sync.close()
 
 
+class AdapterSink:
+    """LoRA adapters only (lora.sync=adapter): each publish loads `slotK@vN` into every engine, from the tensors
+    themselves (/load_lora_adapter_from_tensors) or, where an engine refuses those (SGLang on another machine:
+    its tensors are pickled with shared memory), from a PEFT directory (/load_lora_adapter). Then it unloads
+    the version before the previous one: the gateway routes to the newest version the moment it hears of it,
+    and an engine finishes an unloading adapter's in-flight requests first.
+
+    RUN_DIR/adapters/vNNNNNN/slotK holds each published adapter, and RUN_DIR/adapters/current.json the newest
+    version: a restarted gateway routes to it, and a restarted engine loads it."""
+
+    def __init__(self, cfg: Config, engines: list[SyncEngineClient], base_model_path: Path):
+        self.engines, self.base = engines, str(base_model_path)
+        self.dir = cfg.run_dir / "adapters"
+        self.keep = 2  # versions loaded at once: the newest and the one before (still finishing requests)
+        self.tp_size = cfg.serve.sglang.tp_size
+        self.loaded: list[int] = []
+
+    def push_adapters(self, adapters: dict[int, dict[str, Tensor]], config: dict, version: int) -> str:
+        where = self.dir / f"v{version:06d}"
+        for slot, tensors in adapters.items():
+            write_peft_adapter(where / f"slot{slot}", tensors, config)
+        for slot, tensors in adapters.items():
+            name = adapter_name(slot, version)
+            to_each_engine(self.engines, lambda engine: self._load(engine, name, tensors, config, where / f"slot{slot}"))
+        write_current(self.dir, version, sorted(adapters))
+        self.loaded = [v for v in self.loaded if v != version] + [version]
+        for old in self.loaded[:-self.keep]:
+            for slot in adapters:
+                to_each_engine(self.engines, lambda engine: _unload(engine, adapter_name(slot, old)))
+            shutil.rmtree(self.dir / f"v{old:06d}", ignore_errors=True)
+        self.loaded = self.loaded[-self.keep:]
+        return str(where)
+
+    def _load(self, engine: SyncEngineClient, name: str, tensors: dict, config: dict, directory: Path) -> None:
+        try:
+            engine.load_lora_adapter_from_tensors(name, config, tensors, self.tp_size)
+        except EngineError as e:
+            if "already loaded" in str(e):  # published again after a resume: the same step, the same weights
+                return
+            log.warning("engine %s refused the adapter's tensors (%s); loading %s from disk", engine.url, e, directory)
+            engine.load_lora_adapter(name, str(directory.resolve()))
+
+    def push(self, hf_state: dict[str, Tensor], version: int) -> str:
+        raise TypeError("lora.sync=adapter publishes adapters (push_adapters), not full weights")
+
+    def close(self) -> None:
+        pass
+
+
+def _unload(engine: SyncEngineClient, name: str) -> None:
+    try:
+        engine.unload_lora_adapter(name)
+    except EngineError as e:  # a restarted engine never had it
+        log.info("engine %s: %s", engine.url, e)
+
+
+def write_current(directory: Path, version: int, slots: list[int]) -> None:
+    """RUN_DIR/adapters/current.json: the newest published adapters (written aside, then renamed)."""
+    tmp = directory / "current.json.tmp"
+    tmp.write_text(json.dumps({"version": version, "slots": slots}))
+    tmp.replace(directory / "current.json")
+
+
+def read_current(directory: Path) -> Optional[dict]:
+    try:
+        return json.loads((directory / "current.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _sink(cfg: Config, engines: list[SyncEngineClient], base_model_path: Path) -> WeightSink:
+    if cfg.lora.enabled and cfg.lora.sync == "adapter":
+        return AdapterSink(cfg, engines, base_model_path)
     if cfg.trainer.weight_sync == "nccl":
         return NcclSink(cfg)
     if cfg.trainer.weight_sync == "http":
@@ -196,8 +289,14 @@ class WeightPublisher:
         self.teacher_lag = cfg.judge.teacher_lag
 
     def publish(self, hf_state: dict, version: int, step: int) -> str:
+        return self._announce(lambda: self.sink.push(hf_state, version), version, step)
+
+    def publish_adapters(self, adapters: dict[int, dict[str, Tensor]], config: dict, version: int, step: int) -> str:
+        return self._announce(lambda: self.sink.push_adapters(adapters, config, version), version, step)
+
+    def _announce(self, push: Callable[[], str], version: int, step: int) -> str:
         t0 = time.monotonic()
-        where = self.sink.push(hf_state, version)
+        where = push()
         if self.lagged_teacher is not None and version and version % self.teacher_lag == 0:
             self.lagged_teacher.update_weights_from_disk(str(Path(where).resolve()), version)
         self.pub.send_multipart(protocol.encode(WeightsPublished(version=version, step=step, path=where,

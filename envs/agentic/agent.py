@@ -188,7 +188,7 @@ class ScriptedAgent:
 
     async def chat(self, session_id: str, messages: list[dict], *, tools: Optional[list[dict]] = None,
                    side: bool = False, seed: Optional[int] = None, max_tokens: Optional[int] = None,
-                   task_id: str = "", group_id: str = "") -> AssistantTurn:
+                   task_id: str = "", group_id: str = "", user: str = "") -> AssistantTurn:
         script = self.turns_for(task_id)
         k = self.played.get(session_id, 0)
         self.played[session_id] = k + 1

@@ -40,7 +40,7 @@ class OpenAIChat:
 
     async def chat(self, session_id: str, messages: list[dict], *, tools: Optional[list[dict]] = None,
                    side: bool = False, seed: Optional[int] = None, max_tokens: Optional[int] = None,
-                   task_id: str = "", group_id: str = "") -> AssistantTurn:
+                   task_id: str = "", group_id: str = "", user: str = "") -> AssistantTurn:
         extra = {"tools": tools} if tools else {}
         resp = await self.client.chat.completions.create(
             model=self.model, messages=messages, user=session_id, seed=seed, max_tokens=max_tokens or self.max_tokens,

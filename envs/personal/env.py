@@ -14,6 +14,7 @@ profile.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,10 @@ from envs.personal.teacher_probe import probe
 class PersonalEnvConfig:
     kinds: list[str] = field(default_factory=lambda: list(KINDS))  # preference kinds the user cares about
     profile_seed: int = 0
+    # several users in one run (with lora.per_user, one adapter each): their profile seeds. Episodes take turns
+    # among them and name their user; held-out scores are per user (personalization_score_u<seed>) and their
+    # mean. Empty: the one user of profile_seed.
+    users: list[int] = field(default_factory=list)
     questions_per_session: int = 2
     max_corrections: int = 1
     implicit_rate: float = 0.2  # share of violations answered by re-asking instead of a directive
@@ -63,18 +68,25 @@ class PersonalEnv:
 
     def __init__(self, args: dict[str, Any], seed: int = 0):
         self.cfg = PersonalEnvConfig(**args)
-        self.profile = make_profile(self.cfg.profile_seed, self.cfg.kinds)
+        seeds = self.cfg.users or [self.cfg.profile_seed]
+        self.profiles = {f"u{s}": make_profile(s, self.cfg.kinds) for s in seeds}
+        self.profile = next(iter(self.profiles.values()))
+        self.named_users = bool(self.cfg.users)  # requests name their user only when the run has several
+        self._next_user = itertools.cycle(self.profiles)
         self.read = READERS[self.cfg.reader]
-        self.eval_metrics = ("personalization_score", *(f"pref_{kind}" for kind in self.profile))
+        per_user = [f"personalization_score_{u}" for u in self.profiles] if self.named_users else []
+        self.eval_metrics = ("personalization_score", *per_user, *(f"pref_{kind}" for kind in self.profile))
         self.seed = seed
         c = self.cfg
         self.user_llm = LlmUser(c.user_llm_url, c.user_llm_model, c.user_llm_api_key_env) if c.user_llm_url else None
 
     def describe(self) -> dict[str, Any]:
-        return {"profile": self.profile}
+        return {"profiles": self.profiles} if self.named_users else {"profile": self.profile}
 
     async def episode(self, client: ChatClient, session_id: str, rng: random.Random) -> dict[str, float]:
-        """One session of a few questions. Returns episode metrics."""
+        """One session of a few questions, with the next user in turn. Returns episode metrics."""
+        user = next(self._next_user)
+        profile, name = self.profiles[user], user if self.named_users else ""
         messages = [{"role": "system", "content": SYSTEM_PROMPT}]
         first_ok = corrections = reasks = 0
         next_user = (question := train_question(rng)).text
@@ -83,9 +95,9 @@ class PersonalEnv:
             tries = 0
             while True:
                 messages.append({"role": "user", "content": next_user})
-                answer = (await client.chat(session_id, messages)).content
+                answer = (await client.chat(session_id, messages, **({"user": name} if name else {}))).content
                 messages.append({"role": "assistant", "content": answer})
-                wrong = violations(answer, self.profile, self.read)
+                wrong = violations(answer, profile, self.read)
                 satisfied = not wrong
                 if tries == 0:
                     first_ok += satisfied
@@ -94,23 +106,24 @@ class PersonalEnv:
                 tries += 1
                 if rng.random() < self.cfg.implicit_rate:
                     reasks += 1
-                    next_user = await self._say("reask", rng.choice(REASK).format(q=question.text), answer)
+                    next_user = await self._say(profile, "reask", rng.choice(REASK).format(q=question.text), answer)
                 else:
                     corrections += 1
-                    next_user = await self._say("correct", "No. " + directive_text(wrong), answer, wrong)
+                    next_user = await self._say(profile, "correct", "No. " + directive_text(wrong), answer, wrong)
             if q_index + 1 < self.cfg.questions_per_session:
                 question = train_question(rng)
                 prefix = "" if satisfied else STILL_WRONG.format(directive=directive_text(wrong)) + " "
-                next_user = await self._say("move_on", prefix + rng.choice(MOVE_ON).format(q=question.text), answer)
+                next_user = await self._say(profile, "move_on", prefix + rng.choice(MOVE_ON).format(q=question.text),
+                                            answer)
         await client.complete(session_id, reward=1.0 if satisfied else -1.0,
-                              text="" if satisfied else directive_text(violations(answer, self.profile, self.read)))
+                              text="" if satisfied else directive_text(violations(answer, profile, self.read)))
         n = self.cfg.questions_per_session
         return {"first_try_ok": first_ok / n, "corrections": corrections, "reasks": reasks}
 
-    async def _say(self, situation: str, scripted: str, answer: str, wrong: Style | None = None) -> str:
+    async def _say(self, profile: Style, situation: str, scripted: str, answer: str, wrong: Style | None = None) -> str:
         if self.user_llm is None:
             return scripted
-        likes = directive_text(self.profile)[len("Please "):-1]
+        likes = directive_text(profile)[len("Please "):-1]
         wanted = directive_text(wrong)[len("Please "):-1] if wrong else ""
         return await self.user_llm.say(situation, scripted, likes=likes, answer=answer, wrong=wanted)
 
@@ -119,21 +132,34 @@ class PersonalEnv:
         return dict(self.user_llm.counts) if self.user_llm else {}
 
     async def evaluate(self, client: ChatClient, n: int, session_prefix: str, concurrency: int = 16) -> dict[str, float]:
-        """Personalization score on held-out first responses (side turns: they never train)."""
+        """Personalization score on held-out first responses (side turns: they never train); with several users,
+        each user's (their own `n` answers, from their own adapter) and the mean of those."""
         slots = asyncio.Semaphore(concurrency)
 
-        async def first_response(i: int, text: str) -> str:
+        async def first_response(user: str, i: int, text: str) -> str:
             messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": text}]
+            named = {"user": user} if self.named_users else {}
             async with slots:
-                turn = await client.chat(f"{session_prefix}-{i}", messages, side=True, seed=self.seed * 100_003 + i)
+                turn = await client.chat(f"{session_prefix}-{user}-{i}", messages, side=True,
+                                         seed=self.seed * 100_003 + i, **named)
                 return turn.content
 
         questions = heldout_questions(n, self.seed)
-        answers = await asyncio.gather(*(first_response(i, q.text) for i, q in enumerate(questions)))
-        wrong = [violations(a, self.profile, self.read) for a in answers]
-        out: dict[str, Any] = {"personalization_score": sum(not w for w in wrong) / n}
-        out.update({f"pref_{kind}": sum(kind not in w for w in wrong) / n for kind in self.profile})
-        if self.cfg.probe_teacher and hasattr(client, "score"):
+        per_user = {}
+        for user, profile in self.profiles.items():
+            answers = await asyncio.gather(*(first_response(user, i, q.text) for i, q in enumerate(questions)))
+            per_user[user] = (answers, [violations(a, profile, self.read) for a in answers])
+        out: dict[str, Any] = {}
+        for user, (_, wrong) in per_user.items():
+            out[f"personalization_score_{user}"] = sum(not w for w in wrong) / n
+            out.update({f"pref_{kind}_{user}": sum(kind not in w for w in wrong) / n for kind in self.profile})
+        out["personalization_score"] = sum(out[f"personalization_score_{u}"] for u in per_user) / len(per_user)
+        out.update({f"pref_{kind}": sum(out[f"pref_{kind}_{u}"] for u in per_user) / len(per_user)
+                    for kind in self.profile})
+        if not self.named_users:  # one user: the plain names only
+            out = {k: v for k, v in out.items() if not k.endswith(f"_{next(iter(per_user))}")}
+        answers = next(iter(per_user.values()))[0]
+        if self.cfg.probe_teacher and not self.named_users and hasattr(client, "score"):  # one profile to probe
             out.update(await probe(client, [q.text for q in questions], answers, self.profile, session_prefix,
                                    self.seed * 100_003, self.read))
         return out

@@ -1,0 +1,197 @@
+"""LoRA adapters in the embedded engine (a real `clawr1 serve` process on loopback): adapters written by the
+`peft` library, loaded from disk or from tensors, picked per request with `lora_path`, and swapped version by
+version under streaming clients without a failed request."""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+
+import httpx
+import pytest
+import torch
+
+from clawr1.engine_api.client import EngineClient, EngineError, SyncEngineClient
+
+ENGINE_OVERRIDES = ("serve.max_loras=6", "serve.max_running_requests=40")
+MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+PROMPT = [1, 17, 42, 99, 7, 230, 11]
+
+
+@pytest.fixture(scope="module")
+def peft_dirs(tiny_model, tmp_path_factory):
+    """Two rank-4 adapters saved by peft itself, with random (non-zero) B."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    out = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model),
+                               LoraConfig(r=4, lora_alpha=8, target_modules=MODULES, init_lora_weights=False))
+        d = tmp_path_factory.mktemp(f"adapter{seed}")
+        model.save_pretrained(d)
+        out.append(d)
+    return out
+
+
+def peft_logprobs(tiny_model, adapter_dir, ids: list[int]) -> torch.Tensor:
+    """log p of ids[1:] under the base (adapter_dir None) or the base with a peft adapter."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    if adapter_dir is not None:
+        model = PeftModel.from_pretrained(model, str(adapter_dir))
+    with torch.no_grad():
+        logp = torch.log_softmax(model.eval()(input_ids=torch.tensor([ids])).logits[0].float(), dim=-1)
+    return logp[:-1].gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+
+
+def generate(url: str, **body) -> httpx.Response:
+    payload = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 6, "temperature": 0.0},
+               "return_logprob": True, "logprob_start_len": 0, **body}
+    return httpx.post(f"{url}/generate", json=payload, timeout=60)
+
+
+def all_logprobs(reply: dict) -> torch.Tensor:
+    meta = reply["meta_info"]
+    return torch.tensor([e[0] for e in meta["input_token_logprobs"][1:]] + [e[0] for e in meta["output_token_logprobs"]])
+
+
+def adapter_tensors(d):
+    from safetensors.torch import load_file
+
+    return json.loads((d / "adapter_config.json").read_text()), load_file(str(d / "adapter_model.safetensors"))
+
+
+def test_an_adapter_from_disk_serves_the_peft_models_log_probs(engine, tiny_model, peft_dirs):
+    client = SyncEngineClient(engine)
+    try:
+        reply = client.load_lora_adapter("disk-a", str(peft_dirs[0]))
+        assert reply["loaded_adapters"]["disk-a"] == str(peft_dirs[0])
+        adapted, base = generate(engine, lora_path="disk-a").json(), generate(engine).json()
+        ids = PROMPT + adapted["output_ids"]
+        assert (all_logprobs(adapted) - peft_logprobs(tiny_model, peft_dirs[0], ids)).abs().max() < 1e-4
+        base_ids = PROMPT + base["output_ids"]
+        assert (all_logprobs(base) - peft_logprobs(tiny_model, None, base_ids)).abs().max() < 1e-4
+        assert (all_logprobs(adapted)[:len(PROMPT) - 1] - all_logprobs(base)[:len(PROMPT) - 1]).abs().max() > 1e-2
+    finally:
+        client.unload_lora_adapter("disk-a")
+        client.close()
+
+
+def test_a_batch_of_mixed_adapters_equals_each_request_alone(engine, peft_dirs):
+    client = SyncEngineClient(engine)
+    try:
+        for name, d in (("mix-a", peft_dirs[0]), ("mix-b", peft_dirs[1])):
+            config, tensors = adapter_tensors(d)
+            client.load_lora_adapter_from_tensors(name, config, tensors)
+        alone = {name: all_logprobs(generate(engine, lora_path=name).json()) for name in ("mix-a", "mix-b", None)}
+        assert (alone["mix-a"] - alone["mix-b"]).abs().max() > 1e-2
+        names = ["mix-a", "mix-b", None, "mix-b"]
+        batch = generate(engine, input_ids=[PROMPT] * 4, lora_path=names).json()
+        for name, reply in zip(names, batch):
+            assert (all_logprobs(reply) - alone[name]).abs().max() < 1e-5
+    finally:
+        for name in ("mix-a", "mix-b"):
+            client.unload_lora_adapter(name)
+        client.close()
+
+
+def test_names_clash_and_unknown_adapters_are_400(engine, peft_dirs):
+    client = SyncEngineClient(engine)
+    config, tensors = adapter_tensors(peft_dirs[0])
+    try:
+        client.load_lora_adapter_from_tensors("named", config, tensors)
+        with pytest.raises(EngineError, match="already loaded") as clash:
+            client.load_lora_adapter_from_tensors("named", config, tensors)
+        assert clash.value.status == 400
+        reply = generate(engine, lora_path="nope")
+        assert reply.status_code == 400 and "nope" in reply.text and "named" in reply.text
+        batch = generate(engine, input_ids=[PROMPT, PROMPT], lora_path=["named", "nope"])
+        assert batch.status_code == 400
+        bad = {k: (v[:, :-1] if k.endswith("lora_A.weight") else v) for k, v in tensors.items()}
+        with pytest.raises(EngineError, match="do not fit"):
+            client.load_lora_adapter_from_tensors("bad-shape", config, bad)
+        with pytest.raises(EngineError, match="max_lora_rank"):
+            client.load_lora_adapter_from_tensors("too-big", {**config, "r": 1000}, tensors)
+        with pytest.raises(EngineError, match="not loaded"):
+            client.unload_lora_adapter("nope")
+        after = client.unload_lora_adapter("named")
+        assert "named" not in after["loaded_adapters"] and "bad-shape" not in after["loaded_adapters"]
+        assert generate(engine, lora_path="named").status_code == 400
+        assert generate(engine).status_code == 200
+    finally:
+        client.close()
+
+
+def test_a_versioned_swap_under_32_streaming_clients_fails_no_request(engine, peft_dirs):
+    """20 publishes: load policy@vN, route new requests to it, unload policy@v(N-1) (which waits for its requests)."""
+    config, tensors = adapter_tensors(peft_dirs[0])
+    publishes, clients = 20, 32
+
+    async def scenario() -> tuple[list[str], list[tuple[str, int]]]:
+        current = {"name": "policy@v0"}
+        failures, served = [], []
+        done = asyncio.Event()
+        admin = SyncEngineClient(engine)
+        await asyncio.to_thread(admin.load_lora_adapter_from_tensors, "policy@v0", config, tensors)
+
+        async def user(i: int) -> None:
+            client, rng = EngineClient(engine), random.Random(i)
+            try:
+                while not done.is_set():
+                    name = current["name"]
+                    try:
+                        last = None
+                        async for last in client.generate_stream(PROMPT, {"max_new_tokens": rng.randint(2, 12),
+                                                                          "temperature": 1.0}, lora_path=name):
+                            pass
+                        if last is None or last.finish_reason not in ("stop", "length"):
+                            failures.append(f"{name}: finish {last and last.finish_reason}")
+                        else:
+                            served.append((name, last.weight_version))
+                    except EngineError as e:
+                        failures.append(f"{name}: {e}")
+            finally:
+                await client.close()
+
+        async def publisher() -> None:
+            for version in range(1, publishes + 1):
+                scaled = {k: v * (1 + version / 10) if "lora_B" in k else v for k, v in tensors.items()}
+                new, old = f"policy@v{version}", current["name"]
+                await asyncio.to_thread(admin.load_lora_adapter_from_tensors, new, config, scaled)
+                current["name"] = new
+                await asyncio.to_thread(admin.unload_lora_adapter, old)
+                await asyncio.sleep(0.05)
+            done.set()
+
+        await asyncio.gather(publisher(), *(user(i) for i in range(clients)))
+        final = await asyncio.to_thread(admin.unload_lora_adapter, current["name"])
+        admin.close()
+        assert final["loaded_adapters"] == {}
+        return failures, served
+
+    failures, served = asyncio.run(scenario())
+    assert failures == []
+    assert len(served) >= clients
+    assert all(version == int(name.split("@v")[1]) for name, version in served)  # tokens carry the adapter's version
+    assert len({name for name, _ in served}) >= publishes // 2  # the clients followed the swaps
+
+
+def test_an_engine_without_lora_says_so(served_without_lora):
+    reply = httpx.post(f"{served_without_lora}/load_lora_adapter", json={"lora_name": "x", "lora_path": "/nowhere"},
+                       timeout=10)
+    assert reply.status_code == 400 and "not enabled" in reply.json()["error_message"]
+    assert generate(served_without_lora, lora_path="x").status_code == 400
+
+
+@pytest.fixture
+def served_without_lora(tiny_model, tmp_path, loops):
+    from tests.conftest import make_config
+
+    cfg = make_config(tmp_path)
+    proc = loops(cfg, "serve")
+    proc.wait_http(f"{cfg.engine_url}/health")
+    return cfg.engine_url
