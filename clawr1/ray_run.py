@@ -38,6 +38,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from clawr1 import placement
 from clawr1.config import Config, save_config, to_dict
 from clawr1.engine_api.client import final_weight_version
+from clawr1.engine_api.lora import published_adapters
 from clawr1.placement import LoopSpec, Node, PlacementRefused
 from clawr1.runtime import ready_file, start_process, stop_processes
 from clawr1.supervisor import LoopFailed, ProgressPrinter, stop_stages
@@ -416,6 +417,7 @@ class RaySupervisor:
         summary: dict[str, Any] = {"steps": cfg.run.max_steps, "run_dir": str(cfg.run_dir),
                                    "nodes": {p.name: p.node.label for p in self.placed}}
         summary.update(final_weight_version(cfg.engine_urls[0]))
+        summary.update(published_adapters(cfg))
         (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         self.echo(f"[run] done: {summary}")
         return 0

@@ -33,6 +33,9 @@ class RunCurves:
     score_name: str = "score"  # the environment's headline metric
     # teacher measurements per evaluated version: {version: {"hinted_tone": ..., "uptake_tone": ..., "auc_tone": ...}}
     teacher: dict[int, dict[str, float]] = field(default_factory=dict)
+    # runs with one adapter per user: {"score" | "reward_mean": {user: series}} (users: u0.. in evaluations,
+    # slot0.. in the trainer's records)
+    per_user: dict[str, dict[str, list[tuple[int, float]]]] = field(default_factory=dict)
 
     def last(self, key: str) -> Optional[float]:
         return self.series[key][-1][1] if self.series.get(key) else None
@@ -63,20 +66,31 @@ def load_run(run_dir: Path) -> RunCurves:
     series: dict[str, list[tuple[int, float]]] = {k: [] for k, _ in PANELS}
     score_name = "score"
     teacher: dict[int, dict[str, float]] = {}
+    per_user: dict[str, dict[str, list[tuple[int, float]]]] = {"score": {}, "reward_mean": {}}
     for r in rows:
         if r.get("loop") == "trainer" and "pg_loss" in r:
             for key in ("reward_mean", "entropy", "hint_rate", "staleness_mean"):
                 series[key].append((r["step"], r[key]))
             series["kl"].append((r["step"], r["kl_ref"] if r.get("kl_ref") else r.get("kl_rollout", 0.0)))
+            for k, v in r.items():
+                if k.startswith("reward_mean_slot"):
+                    per_user["reward_mean"].setdefault(k.removeprefix("reward_mean_"), []).append((r["step"], v))
         elif r.get("loop") == "rollout" and "eval_metric" in r:
             score_name = r["eval_metric"]
             series["score"].append((r["eval_version"], r[score_name]))
+            for k, v in r.items():
+                user = k.removeprefix(f"{score_name}_")
+                if k.startswith(f"{score_name}_") and user.startswith("u"):
+                    per_user["score"].setdefault(user, []).append((r["eval_version"], v))
             probe = {k: v for k, v in r.items() if k.startswith(("hinted_", "uptake_", "auc_")) and v is not None}
             if probe:
                 teacher[r["eval_version"]] = probe
     series["score"].sort()
+    for user_series in per_user["score"].values():
+        user_series.sort()
     times = [r["time"] for r in rows]
-    return RunCurves(run_dir.name, _objective(run_dir), series, max(times) - min(times), score_name, teacher)
+    return RunCurves(run_dir.name, _objective(run_dir), series, max(times) - min(times), score_name, teacher,
+                     {k: v for k, v in per_user.items() if v})
 
 
 def _score_title(runs: list[RunCurves]) -> str:
@@ -113,6 +127,15 @@ def score_table(runs: list[RunCurves]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def user_table(runs: list[RunCurves]) -> str:
+    """Each user's held-out score, first and last evaluation, in runs with one adapter per user."""
+    lines = [f"| {r.name} | {user} | {s[0][1]:.3f} | {s[-1][1]:.3f} |"
+             for r in runs for user, s in sorted(r.per_user.get("score", {}).items())]
+    if not lines:
+        return ""
+    return "| run | user | score before | after |\n|---|---|---|---|\n" + "\n".join(lines) + "\n"
+
+
 def teacher_table(runs: list[RunCurves]) -> str:
     """Hint uptake and teacher AUC per kind, at the run's first and last evaluation (empty if none measured)."""
     lines = []
@@ -143,6 +166,10 @@ def plot(runs: list[RunCurves], out_png: Path) -> None:
             if r.series[key]:
                 xs, ys = zip(*r.series[key])
                 ax.plot(xs, ys, marker="o" if key == "score" else None, markersize=3, label=r.name)
+            for user, user_series in sorted(r.per_user.get(key, {}).items()):  # one dashed curve per user
+                xs, ys = zip(*user_series)
+                ax.plot(xs, ys, linestyle="--", marker="o" if key == "score" else None, markersize=2,
+                        label=f"{r.name} {user}")
         ax.set_title(f"{_score_title(runs)} (held-out)" if key == "score" else title)
         ax.set_xlabel("trainer step / weight version")
         ax.grid(alpha=0.3)
@@ -158,7 +185,7 @@ def report(run_dirs: list[Path], out_prefix: Path) -> tuple[Path, Path]:
     png, md = out_prefix.with_name(out_prefix.name + ".png"), out_prefix.with_name(out_prefix.name + ".md")
     png.parent.mkdir(parents=True, exist_ok=True)
     plot(runs, png)
-    teacher = teacher_table(runs)
-    md.write_text(markdown_table(runs) + "\n" + score_table(runs) + (f"\n{teacher}" if teacher else "")
-                  + f"\n![curves]({png.name})\n")
+    teacher, users = teacher_table(runs), user_table(runs)
+    md.write_text(markdown_table(runs) + "\n" + score_table(runs) + (f"\n{users}" if users else "")
+                  + (f"\n{teacher}" if teacher else "") + f"\n![curves]({png.name})\n")
     return png, md

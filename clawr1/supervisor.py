@@ -32,6 +32,7 @@ import httpx
 from clawr1.cluster import apply_partition, visible_devices
 from clawr1.config import Config, assign_free_ports, free_port, save_config
 from clawr1.engine_api.client import final_weight_version
+from clawr1.engine_api.lora import published_adapters
 from clawr1.runtime import ready_file, start_process, stop_processes
 from clawr1.tracking import MetricsTail, MetricsWriter, RunStatus
 
@@ -353,6 +354,7 @@ class Supervisor:
             self.progress.poll()  # the final evaluation's line
         summary = {"steps": cfg.run.max_steps, "run_dir": str(cfg.run_dir)}
         summary.update(final_weight_version(cfg.engine_urls[0]))
+        summary.update(published_adapters(cfg))
         (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         self.echo(f"[run] done: {summary}")
         return 0

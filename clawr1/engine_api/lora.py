@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import base64
 import io
+import json
+from pathlib import Path
 from typing import Any, Optional
 
 from torch import Tensor
@@ -22,9 +24,38 @@ from torch import Tensor
 SERIALIZED_LIST_SINCE = (0, 5, 17)  # the first SGLang with serialized_named_tensors (a list, one per TP rank)
 
 
+# the HF modules each Megatron target of lora.targets adapts (fused qkv and gate/up are split for serving)
+HF_MODULES_OF_TARGET = {"linear_qkv": ("q_proj", "k_proj", "v_proj"), "linear_proj": ("o_proj",),
+                        "linear_fc1": ("gate_proj", "up_proj"), "linear_fc2": ("down_proj",)}
+
+
 def adapter_name(slot: int, version: int) -> str:
     """The name the engines serve adapter slot `slot` of weight version `version` under (trainer, gateway, engine)."""
     return f"slot{slot}@v{version}"
+
+
+def write_current(directory: Path, version: int, slots: list[int]) -> None:
+    """RUN_DIR/adapters/current.json: the newest published adapters (the trainer writes it aside, then renames)."""
+    tmp = directory / "current.json.tmp"
+    tmp.write_text(json.dumps({"version": version, "slots": slots}))
+    tmp.replace(directory / "current.json")
+
+
+def read_current(directory: Path) -> Optional[dict]:
+    """{"version", "slots"} of the newest published adapters; None before the first publish."""
+    try:
+        current = json.loads((directory / "current.json").read_text())
+        return {"version": int(current["version"]), "slots": [int(s) for s in current["slots"]]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def published_adapters(cfg) -> dict[str, Any]:
+    """For a run's summary.json: the version of the adapters the engines serve at the end (lora.sync=adapter)."""
+    if not (cfg.lora.enabled and cfg.lora.sync == "adapter"):
+        return {}
+    current = read_current(cfg.run_dir / "adapters")
+    return {"adapter_version": current["version"] if current else None}
 
 
 def load_from_disk_payload(name: str, path: str, pinned: bool = False) -> dict[str, Any]:
@@ -56,7 +87,8 @@ def load_from_tensors_payload(name: str, config: dict[str, Any], tensors: dict[s
     if embedded:
         return {"lora_name": name, "config_dict": config, "serialized_named_tensors": [safetensors_b64(tensors)],
                 "load_format": "safetensors"}
-    blob = pickled_b64(tensors)
     if release is not None and release < SERIALIZED_LIST_SINCE:
-        return {"lora_name": name, "config_dict": config, "serialized_tensors": blob}
-    return {"lora_name": name, "config_dict": config, "serialized_named_tensors": [blob] * tp_size}
+        return {"lora_name": name, "config_dict": config, "serialized_tensors": pickled_b64(tensors)}
+    # one dump per rank: each holds its own shared-memory handles, which can be taken only once
+    return {"lora_name": name, "config_dict": config,
+            "serialized_named_tensors": [pickled_b64(tensors) for _ in range(tp_size)]}

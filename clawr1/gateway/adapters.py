@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path
 from typing import Optional
 
 from clawr1.config import Config
-from clawr1.engine_api.lora import adapter_name
+from clawr1.engine_api.lora import adapter_name, read_current
 
 log = logging.getLogger("clawr1.gateway")
 
@@ -27,7 +26,8 @@ class AdapterRouting:
         self.per_user, self.slots = lc.per_user, lc.slots
         self.file = cfg.run_dir / "gateway" / "adapter_slots.json"
         self.users: dict[str, int] = self._load_users()
-        self.version: Optional[int] = _current_version(cfg.run_dir / "adapters")
+        current = read_current(cfg.run_dir / "adapters")
+        self.version: Optional[int] = current["version"] if current else None
         self.users_without_slot: set[str] = set()
 
     def slot_of(self, user: str) -> Optional[int]:
@@ -83,10 +83,3 @@ class AdapterRouting:
         tmp.write_text(json.dumps(self.users))
         tmp.replace(self.file)
 
-
-def _current_version(adapters_dir: Path) -> Optional[int]:
-    """The newest published adapters' version (RUN_DIR/adapters/current.json, written by the trainer)."""
-    try:
-        return int(json.loads((adapters_dir / "current.json").read_text())["version"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None

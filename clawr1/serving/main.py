@@ -1,7 +1,6 @@
 """`clawr1 serve`: the embedded engine over HTTP."""
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -10,7 +9,7 @@ import uvicorn
 
 from clawr1.config import Config
 from clawr1.runtime import freeze_startup_objects, setup_logging
-from clawr1.engine_api.lora import adapter_name
+from clawr1.engine_api.lora import adapter_name, read_current
 from clawr1.serving.adapters import AdapterError, read_peft_dir
 from clawr1.serving.engine import Engine, RequestError
 from clawr1.serving.memory import GIB, EngineMemoryError, check_fits, plan_engine
@@ -22,11 +21,10 @@ log = logging.getLogger("clawr1.serve")
 
 def load_published_adapters(engine: Engine, adapters_dir: Path) -> None:
     """A restarted engine of a run that publishes LoRA adapters takes the newest ones back (RUN_DIR/adapters)."""
-    try:
-        current = json.loads((adapters_dir / "current.json").read_text())
-    except (OSError, ValueError):
+    current = read_current(adapters_dir)
+    if current is None:
         return
-    version = int(current["version"])
+    version = current["version"]
     for slot in current["slots"]:
         where = adapters_dir / f"v{version:06d}" / f"slot{slot}"
         try:

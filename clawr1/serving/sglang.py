@@ -18,6 +18,7 @@ from typing import Optional, Sequence
 import httpx
 
 from clawr1.config import Config, SGLangConfig
+from clawr1.engine_api.lora import HF_MODULES_OF_TARGET
 from clawr1.runtime import exit_status, signal_group, start_process, wait_group_gone
 
 log = logging.getLogger("clawr1.serve")
@@ -53,6 +54,10 @@ def launch_command(cfg: Config, model_path: str, port: int, weight_version: int 
         cmd += ["--tool-call-parser", s.tool_call_parser]
     if s.reasoning_parser:
         cmd += ["--reasoning-parser", s.reasoning_parser]
+    if cfg.serve.max_loras:  # LoRA adapters by name (lora.sync=adapter): every target module any adapter may have
+        modules = sorted({m for t in cfg.lora.targets for m in HF_MODULES_OF_TARGET[t]})
+        cmd += ["--enable-lora", "--max-lora-rank", str(cfg.serve.max_lora_rank), "--lora-target-modules", *modules,
+                "--max-loras-per-batch", str(cfg.serve.max_loras), "--max-loaded-loras", str(cfg.serve.max_loras)]
     # versions count publishes; SGLang reports it as meta_info.weight_version until the first update
     cmd += ["--weight-version", str(weight_version), "--skip-server-warmup", "--enable-metrics"]
     return cmd + list(s.extra_args)

@@ -31,14 +31,13 @@ from typing import Iterator, Optional
 import torch
 from torch import Tensor
 
+from clawr1.engine_api.lora import HF_MODULES_OF_TARGET
 from clawr1.trainer.convert import ArchSpec, split_qkv
 
 TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 COLUMN_PARALLEL = {"linear_qkv", "linear_fc1"}
 _SUBMODULE = {"linear_qkv": "self_attention", "linear_proj": "self_attention", "linear_fc1": "mlp", "linear_fc2": "mlp"}
-# the HF modules each target becomes in PEFT's format
-HF_MODULES = {"linear_qkv": ("q_proj", "k_proj", "v_proj"), "linear_proj": ("o_proj",),
-              "linear_fc1": ("gate_proj", "up_proj"), "linear_fc2": ("down_proj",)}
+HF_MODULES = HF_MODULES_OF_TARGET  # the HF modules each target becomes in PEFT's format
 _HF_PARENT = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
               "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
 

@@ -15,13 +15,12 @@ A weight version counts the trainer steps published, so it always equals the ste
 from __future__ import annotations
 
 import ipaddress
-import json
 import logging
 import shutil
 import socket
 import time
 from pathlib import Path
-from typing import Callable, Optional, Protocol
+from typing import Callable, Protocol
 from urllib.parse import urlsplit
 
 import httpx
@@ -34,7 +33,7 @@ from clawr1.engine_api.client import EngineError, SyncEngineClient
 from clawr1.protocol import WeightsPublished
 from clawr1.trainer.convert import megatron_to_hf
 from clawr1.trainer.hf_io import write_weights_dir
-from clawr1.engine_api.lora import adapter_name
+from clawr1.engine_api.lora import adapter_name, write_current
 from clawr1.trainer.lora import merge_into, peft_tensors, write_peft_adapter
 from clawr1.trainer.model import Policy, megatron_state
 
@@ -251,20 +250,6 @@ def _unload(engine: SyncEngineClient, name: str) -> None:
         engine.unload_lora_adapter(name)
     except EngineError as e:  # a restarted engine never had it
         log.info("engine %s: %s", engine.url, e)
-
-
-def write_current(directory: Path, version: int, slots: list[int]) -> None:
-    """RUN_DIR/adapters/current.json: the newest published adapters (written aside, then renamed)."""
-    tmp = directory / "current.json.tmp"
-    tmp.write_text(json.dumps({"version": version, "slots": slots}))
-    tmp.replace(directory / "current.json")
-
-
-def read_current(directory: Path) -> Optional[dict]:
-    try:
-        return json.loads((directory / "current.json").read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def _sink(cfg: Config, engines: list[SyncEngineClient], base_model_path: Path) -> WeightSink:

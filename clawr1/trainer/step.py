@@ -364,4 +364,19 @@ def _report(plan: BatchPlan, samples: list[Sample], sums: Sums, opt: dict, passe
         "hint_rate": sum(x.teacher_logprobs is not None for x in samples) / max(len(samples), 1),
     }
     stats.update({f"staleness_hist_{k}": v for k, v in sorted(plan.staleness.items())})
+    stats.update(per_slot_stats(kept))
     return stats
+
+
+def per_slot_stats(samples: list[Sample]) -> dict[str, float]:
+    """Each adapter slot's sample count and mean reward, when the batch is not all slot 0 (lora.per_user)."""
+    slots = sorted({s.adapter_slot for s in samples})
+    if slots in ([], [0]):
+        return {}
+    out: dict[str, float] = {}
+    for k in slots:
+        mine = [s for s in samples if s.adapter_slot == k]
+        rewards = [s.reward for s in mine if s.reward is not None]
+        out[f"samples_slot{k}"] = len(mine)
+        out[f"reward_mean_slot{k}"] = sum(rewards) / len(rewards) if rewards else 0.0
+    return out

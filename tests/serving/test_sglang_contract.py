@@ -367,8 +367,10 @@ class FakeEngine:
                  reported: str | None = None, fail_update: bool = False, fail_init: bool = False, running: int = 0,
                  busy_flushes: int = 0, refuse_flushes: bool = False, in_session: bool = False,
                  has_begin: bool | None = None, old_model_info: bool = False, fail_disk: bool = False,
-                 nccl_version: str | None = None):
+                 nccl_version: str | None = None, remote: bool = False):
         self.name, self.log, self.wire = name, log, wire
+        self.loras: dict[str, dict] = {}  # LoRA adapters by name: their tensors (or directory)
+        self.remote = remote  # on another machine: pickled tensors (shared memory handles) cannot be read
         self.nccl_version = nccl_version
         self.version, self.reported = version, reported or version
         self.new = version != SGLANG_0_5_15 if has_begin is None else has_begin  # has the 0.5.23 session API
@@ -461,7 +463,37 @@ class FakeEngine:
                          f"{body['weight_version']}.", "num_paused_requests": 0}
         if path == "/destroy_weights_update_group":
             return 200, ok
+        if path in ("/load_lora_adapter", "/load_lora_adapter_from_tensors", "/unload_lora_adapter"):
+            return self._lora(path, body)
         return not_found
+
+    def _lora(self, path: str, body: dict) -> tuple[int, dict]:
+        """LoRAUpdateOutput as both releases answer; the tensors field as each release's msgspec struct takes it
+        (0.5.15.post1: one base64 `serialized_tensors`; 0.5.23: `serialized_named_tensors`, one per TP rank)."""
+        def reply(error: str = "") -> tuple[int, dict]:
+            return (400 if error else 200), {"success": not error, "error_message": error or None,
+                                              "loaded_adapters": {n: "x" for n in self.loras}}
+
+        name = body["lora_name"]
+        if path == "/unload_lora_adapter":
+            return reply() if self.loras.pop(name, None) is not None else reply(f"LoRA adapter {name} not found")
+        if name in self.loras:
+            return reply(f"Failed to load LoRA adapter {name}: an adapter with that name is already loaded")
+        if path == "/load_lora_adapter":
+            self.loras[name] = {"dir": body["lora_path"]}
+            return reply()
+        field = "serialized_named_tensors" if self.new else "serialized_tensors"
+        other = "serialized_tensors" if self.new else "serialized_named_tensors"
+        if field not in body or other in body:
+            return 400, {"detail": f"Object missing required field `{field}`"}
+        blobs = body[field] if self.new else [body[field]]
+        if self.remote:
+            return reply("Failed to load LoRA adapter: cannot reach the sender's shared memory")
+        import base64
+        import pickle
+
+        self.loras[name] = {"tensors": [pickle.loads(base64.b64decode(b)) for b in blobs], "config": body["config_dict"]}
+        return reply()
 
     def _update(self, body: dict) -> tuple[int, dict]:
         if self.new and not self.in_session:  # refused, and it never joins the broadcast
