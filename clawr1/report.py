@@ -56,6 +56,10 @@ def _objective(run_dir: Path) -> str:
         parts.append(f"{judge['teacher']} teacher")
     if judge.get("score_noise"):
         parts.append(f"judge accuracy {1 - judge['score_noise']:g}")
+    lora = cfg.get("lora", {})
+    if lora.get("enabled"):
+        parts.append(f"LoRA r={lora.get('rank')}" + (f", one per user ({lora.get('slots')} slots)" if lora.get("per_user")
+                                                     else ""))
     return ", ".join(parts + ([f"lr={lr:g}"] if lr else [])) or "no objective"
 
 

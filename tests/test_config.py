@@ -111,3 +111,26 @@ def test_smollm2_recipes_differ_only_in_weights_and_teacher():
     assert binary.rollout == combined.rollout == opd.rollout and combined.rollout.env_args["reader"] == "free_text"
     assert binary.trainer == combined.trainer == opd.trainer and combined.trainer.lr == 1e-5
     assert combined.model.name == "smollm2-135m-instruct"
+
+
+def test_the_lora_users_recipe_is_combined_with_one_adapter_per_user():
+    combined = load_config(REPO / "recipes/combined/cpu.yaml")
+    users = load_config(REPO / "recipes/combined/cpu_lora_users.yaml")
+    assert (users.lora.enabled, users.lora.per_user, users.lora.slots, users.lora.sync) == (True, True, 2, "adapter")
+    assert users.rollout.env_args["users"] == [0, 1] and users.trainer.lr == 3e-3  # measured: README
+    assert users.serve.max_loras == 7  # three versions of each slot's adapter, and one more
+    assert (users.algo, users.judge) == (combined.algo, combined.judge)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["lora.per_user=true"], "set lora.enabled=true"),
+    (["lora.enabled=true", "lora.slots=3"], "set lora.per_user=true"),
+    (["lora.enabled=true", "lora.per_user=true", "lora.sync=merged"], "needs lora.sync=adapter"),
+    (["lora.enabled=true", "lora.slots=1", "serve.max_loras=2"], "must hold three versions"),
+    (["lora.enabled=true", "lora.rank=128"], "exceeds serve.max_lora_rank"),
+    (["lora.enabled=true", "judge.teacher=lagged"], "judge.teacher=lagged"),
+    (["lora.enabled=true", "lora.targets=[linear_qkv,lm_head]"], "lora.targets"),
+])
+def test_contradictory_lora_settings_are_refused(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(REPO / "recipes/combined/cpu.yaml", overrides)

@@ -54,6 +54,7 @@ class Generation:
     prompt_top_logprobs: list[list[float]] = field(default_factory=list)
     top_ids: list[list[int]] = field(default_factory=list)  # top-k ids at each output position (top_logprobs_num)
     top_logprobs: list[list[float]] = field(default_factory=list)
+    lora_path: Optional[str] = None  # the LoRA adapter the request named (set by the caller that named it)
 
 
 def joined(first: Generation, rest: Generation) -> Generation:
@@ -62,7 +63,8 @@ def joined(first: Generation, rest: Generation) -> Generation:
         output_ids=first.output_ids + rest.output_ids, logprobs=first.logprobs + rest.logprobs,
         versions=first.versions + rest.versions, text=first.text + rest.text, finish_reason=rest.finish_reason,
         prompt_logprobs=first.prompt_logprobs, weight_version=rest.weight_version, matched_stop=rest.matched_stop,
-        top_ids=first.top_ids + rest.top_ids, top_logprobs=first.top_logprobs + rest.top_logprobs)
+        top_ids=first.top_ids + rest.top_ids, top_logprobs=first.top_logprobs + rest.top_logprobs,
+        lora_path=rest.lora_path)
 
 
 def generate_payload(input_ids: list[int], sampling_params: dict[str, Any], *, return_logprob: bool = True,

@@ -382,8 +382,10 @@ class Gateway:
         for attempt in range(ADAPTER_TRIES):
             name = self.adapters.name(slot)
             try:
-                return await self.router.call(key, lambda e: e.generate(prompt, params, return_logprob=True,
-                                                                       top_logprobs_num=top_k, lora_path=name))
+                gen = await self.router.call(key, lambda e: e.generate(prompt, params, return_logprob=True,
+                                                                      top_logprobs_num=top_k, lora_path=name))
+                gen.lora_path = name
+                return gen
             except EngineError as e:
                 await self._adapter_gone(e, name, attempt)
 
@@ -429,6 +431,7 @@ class Gateway:
                 async for partial in self.router.stream(key, lambda e: e.generate_stream(
                         prompt, params, return_logprob=True, top_logprobs_num=top_k, lora_path=name)):
                     started = True
+                    partial.lora_path = name
                     yield partial
                 return
             except EngineError as e:
@@ -765,7 +768,7 @@ class _Turn:
                 versions=c.gen.versions, temperature=sampled_temperature(self.req), messages=self.messages,
                 tools=self.tools, response_text=c.text,
                 finish_reason=c.gen.finish_reason, group_id=group, task_id=self.ctx.task_id, created_at=time.time(),
-                adapter=gw.adapters.name(self.slot) or "", adapter_slot=gw.adapters.trained_slot(self.slot))
+                adapter=c.gen.lora_path or "", adapter_slot=gw.adapters.trained_slot(self.slot))
             s.turns += 1
             replies.append((c.history_message(), c.gen.output_ids, record))
             if gw.outbox is not None:
