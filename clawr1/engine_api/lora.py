@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -32,6 +33,12 @@ HF_MODULES_OF_TARGET = {"linear_qkv": ("q_proj", "k_proj", "v_proj"), "linear_pr
 def adapter_name(slot: int, version: int) -> str:
     """The name the engines serve adapter slot `slot` of weight version `version` under (trainer, gateway, engine)."""
     return f"slot{slot}@v{version}"
+
+
+def adapter_version(name: str) -> Optional[int]:
+    """N of a name `adapter_name` made (`slotK@vN`); None for any other name."""
+    m = re.fullmatch(r"slot\d+@v(\d+)", name)
+    return int(m.group(1)) if m else None
 
 
 def write_current(directory: Path, version: int, slots: list[int]) -> None:

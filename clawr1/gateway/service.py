@@ -115,6 +115,7 @@ class Choice:
 
 MAX_CONTINUATIONS = 3  # an aborted generation is continued at most this many times
 ADAPTER_TRIES = 3  # an engine call whose adapter version was unloaded meanwhile goes out again at most this often
+ADAPTER_WAIT_S = 1.0  # ... each time after waiting this long at most for the trainer's next version
 INGEST_QUEUE_WAIT_S = 30.0  # an ingest request waits this long for room in the judge queue, then gets a 503
 REPORT_EVERY_S = 5.0  # the gateway's counters go to metrics.jsonl this often
 
@@ -395,9 +396,9 @@ class Gateway:
         if name is None or error.status != 400 or "LoRA adapter" not in str(error) or attempt + 1 >= ADAPTER_TRIES:
             raise error
         self.metrics.inc("adapter_retries", help="engine calls sent again because their adapter version was unloaded")
-        for _ in range(20):
-            if self.adapters.name_unchanged(name):
-                await asyncio.sleep(0.05)
+        deadline = time.monotonic() + ADAPTER_WAIT_S
+        while self.adapters.name_unchanged(name) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
 
     async def _generate(self, key: str, prompt: list[int], params: dict, top_k: int = 0,
                         slot: Optional[int] = None) -> Generation:

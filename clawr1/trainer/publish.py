@@ -33,7 +33,7 @@ from clawr1.engine_api.client import EngineError, SyncEngineClient
 from clawr1.protocol import WeightsPublished
 from clawr1.trainer.convert import megatron_to_hf
 from clawr1.trainer.hf_io import write_weights_dir
-from clawr1.engine_api.lora import adapter_name, write_current
+from clawr1.engine_api.lora import adapter_name, adapter_version, write_current
 from clawr1.trainer.lora import merge_into, peft_tensors, write_peft_adapter
 from clawr1.trainer.model import Policy, megatron_state
 
@@ -200,8 +200,9 @@ class AdapterSink:
     """LoRA adapters only (lora.sync=adapter): each publish loads `slotK@vN` into every engine, from the tensors
     themselves (/load_lora_adapter_from_tensors) or, where an engine refuses those (SGLang on another machine:
     its tensors are pickled with shared memory), from a PEFT directory (/load_lora_adapter). Then it unloads
-    the version before the previous one: the gateway routes to the newest version the moment it hears of it,
-    and an engine finishes an unloading adapter's in-flight requests first.
+    every other version the engine holds but the one before: the gateway routes to the newest version the
+    moment it hears of it, and an engine finishes an unloading adapter's in-flight requests first. After a
+    restart that also clears what the previous trainer left (versions of steps lost with a crash).
 
     RUN_DIR/adapters/vNNNNNN/slotK holds each published adapter, and RUN_DIR/adapters/current.json the newest
     version: a restarted gateway routes to it, and a restarted engine loads it."""
@@ -209,34 +210,42 @@ class AdapterSink:
     def __init__(self, cfg: Config, engines: list[SyncEngineClient], base_model_path: Path):
         self.engines, self.base = engines, str(base_model_path)
         self.dir = cfg.run_dir / "adapters"
-        self.keep = 2  # versions loaded at once: the newest and the one before (still finishing requests)
         self.tp_size = cfg.serve.sglang.tp_size
-        self.loaded: list[int] = []
+        self.previous: int | None = None  # the version this sink published before the current one
 
     def push_adapters(self, adapters: dict[int, dict[str, Tensor]], config: dict, version: int) -> str:
         where = self.dir / f"v{version:06d}"
         for slot, tensors in adapters.items():
             write_peft_adapter(where / f"slot{slot}", tensors, config)
-        for slot, tensors in adapters.items():
-            name = adapter_name(slot, version)
-            to_each_engine(self.engines, lambda engine: self._load(engine, name, tensors, config, where / f"slot{slot}"))
+        keep = {version} | ({self.previous} if self.previous is not None and self.previous != version else set())
+        to_each_engine(self.engines, lambda engine: self._update(engine, adapters, config, where, version, keep))
         write_current(self.dir, version, sorted(adapters))
-        self.loaded = [v for v in self.loaded if v != version] + [version]
-        for old in self.loaded[:-self.keep]:
-            for slot in adapters:
-                to_each_engine(self.engines, lambda engine: _unload(engine, adapter_name(slot, old)))
-            shutil.rmtree(self.dir / f"v{old:06d}", ignore_errors=True)
-        self.loaded = self.loaded[-self.keep:]
+        for old in self.dir.glob("v[0-9]*"):
+            if old.name[1:].isdigit() and int(old.name[1:]) not in keep:
+                shutil.rmtree(old, ignore_errors=True)
+        self.previous = version
         return str(where)
 
-    def _load(self, engine: SyncEngineClient, name: str, tensors: dict, config: dict, directory: Path) -> None:
+    def _update(self, engine: SyncEngineClient, adapters: dict, config: dict, where: Path, version: int,
+                keep: set[int]) -> None:
+        loaded: dict = {}
+        for slot, tensors in adapters.items():
+            loaded = self._load(engine, adapter_name(slot, version), tensors, config, where / f"slot{slot}")
+        for name in loaded or {}:
+            held = adapter_version(name)
+            if held is not None and held not in keep:
+                _unload(engine, name)
+
+    def _load(self, engine: SyncEngineClient, name: str, tensors: dict, config: dict, directory: Path) -> dict:
+        """Load one adapter; returns the names the engine holds after it (its reply's loaded_adapters)."""
         try:
-            engine.load_lora_adapter_from_tensors(name, config, tensors, self.tp_size)
+            return engine.load_lora_adapter_from_tensors(name, config, tensors, self.tp_size).get("loaded_adapters")
         except EngineError as e:
-            if "already loaded" in str(e):  # published again after a resume: the same step, the same weights
-                return
+            if "already loaded" in str(e):  # left by a trainer that crashed after publishing this version
+                _unload(engine, name)
+                return self._load(engine, name, tensors, config, directory)
             log.warning("engine %s refused the adapter's tensors (%s); loading %s from disk", engine.url, e, directory)
-            engine.load_lora_adapter(name, str(directory.resolve()))
+            return engine.load_lora_adapter(name, str(directory.resolve())).get("loaded_adapters")
 
     def push(self, hf_state: dict[str, Tensor], version: int) -> str:
         raise TypeError("lora.sync=adapter publishes adapters (push_adapters), not full weights")

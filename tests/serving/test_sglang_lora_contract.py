@@ -12,7 +12,23 @@ from clawr1.engine_api.client import EngineError, SyncEngineClient
 from clawr1.engine_api.lora import load_from_tensors_payload, read_current
 from clawr1.serving.sglang import launch_command
 from clawr1.trainer.publish import AdapterSink
-from tests.serving.test_sglang_contract import SGLANG_0_5_15, SGLANG_0_5_23, fleet  # noqa: F401 (a fixture)
+from tests.serving.test_sglang_contract import SGLANG_0_5_15, SGLANG_0_5_23, FakeEngine, Log, Wire
+
+@pytest.fixture
+def fleet():
+    """fleet(n, A={...}, B={...}) -> (log, None, engines): stand-in SGLang engines (no weight broadcast here)."""
+    made: list[FakeEngine] = []
+
+    def make(n: int, **kw):
+        log = Log()
+        engines = [FakeEngine(chr(ord("A") + i), log, Wire(log), **kw.get(chr(ord("A") + i), {})) for i in range(n)]
+        made.extend(engines)
+        return log, None, engines
+
+    yield make
+    for e in made:
+        e.close()
+
 
 CONFIG = {"peft_type": "LORA", "r": 2, "lora_alpha": 4.0, "target_modules": ["q_proj"]}
 TENSORS = {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.arange(8.0).reshape(2, 4),
@@ -21,7 +37,7 @@ TENSORS = {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": tor
 
 @pytest.mark.parametrize("version, field", [(SGLANG_0_5_15, "serialized_tensors"),
                                             (SGLANG_0_5_23, "serialized_named_tensors")])
-def test_tensors_go_in_the_field_each_release_reads(fleet, version, field):  # noqa: F811
+def test_tensors_go_in_the_field_each_release_reads(fleet, version, field):
     log, _, (a,) = fleet(1, A={"version": version})
     client = SyncEngineClient(a.url)
     try:
@@ -47,7 +63,7 @@ def test_the_0_5_17_change_is_where_the_list_starts():
     assert embedded["load_format"] == "safetensors" and len(embedded["serialized_named_tensors"]) == 1
 
 
-def test_a_name_clash_and_an_unknown_unload_are_engine_errors(fleet):  # noqa: F811
+def test_a_name_clash_and_an_unknown_unload_are_engine_errors(fleet):
     _, _, (a,) = fleet(1, A={"version": SGLANG_0_5_23})
     client = SyncEngineClient(a.url)
     try:
@@ -62,7 +78,7 @@ def test_a_name_clash_and_an_unknown_unload_are_engine_errors(fleet):  # noqa: F
         client.close()
 
 
-def test_the_adapter_sink_loads_versions_falls_back_to_disk_and_unloads_the_oldest(fleet, tmp_path):  # noqa: F811
+def test_the_adapter_sink_loads_versions_falls_back_to_disk_and_unloads_the_oldest(fleet, tmp_path):
     log, _, (near, far) = fleet(2, A={"version": SGLANG_0_5_23}, B={"version": SGLANG_0_5_15, "remote": True})
     cfg = load_config(None, [f"run.dir={tmp_path}", "lora.enabled=true", "lora.per_user=true", "lora.slots=2",
                              "serve.backend=sglang", "judge.teacher=frozen"])
