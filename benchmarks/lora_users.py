@@ -10,7 +10,8 @@ Each user's score is their held-out personalization score at the run's last eval
 
 Usage: python benchmarks/lora_users.py [--seeds 3] [--steps 150] [--lora-lr 3e-3] [--judge-accuracy 0.7]
                                        [--out runs/lora_users] [override ...]
-A finished run (one with a summary.json) is kept, so the command can be resumed. Prints one JSON line and
+A finished run (one with a summary.json) is kept, so the command can be resumed; a run directory's name ends
+in a hash of its settings (benchmarks/run_cache.py), so other overrides never reuse it. Prints one JSON line and
 writes OUT/results.md.
 """
 from __future__ import annotations
@@ -25,9 +26,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.run_cache import run_path  # noqa: E402
 from clawr1.tracking import read_metrics  # noqa: E402
 
 USERS = (0, 1)
+RECIPE = REPO / "recipes/combined/cpu.yaml"
 
 
 def configs(steps: int, lora_lr: float) -> dict[str, list[str]]:
@@ -41,12 +44,16 @@ def configs(steps: int, lora_lr: float) -> dict[str, list[str]]:
     }
 
 
+def settings(seed: int, accuracy: float, overrides: list[str], extra: list[str]) -> list[str]:
+    return [f"run.seed={seed}", f"judge.score_noise={1 - accuracy:g}", *overrides, *extra]
+
+
 def run(path: Path, seed: int, accuracy: float, overrides: list[str], extra: list[str]) -> None:
     if (path / "summary.json").exists():
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "clawr1.cli", "run", "recipes/combined/cpu.yaml", f"run.dir={path}",
-           f"run.seed={seed}", f"judge.score_noise={1 - accuracy:g}", "--overwrite", *overrides, *extra]
+    cmd = [sys.executable, "-m", "clawr1.cli", "run", str(RECIPE.relative_to(REPO)), f"run.dir={path}",
+           *settings(seed, accuracy, overrides, extra), "--overwrite"]
     print(f"[lora_users] {path.name}: {' '.join(overrides)}", flush=True)
     with open(path.parent / f"{path.name}.out", "w") as log:
         code = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
@@ -61,7 +68,7 @@ def final_scores(path: Path) -> dict[int, float]:
     per_user = {u: last[f"personalization_score_u{u}"] for u in USERS if f"personalization_score_u{u}" in last}
     if per_user:
         return per_user
-    return {int(path.name.split("single_u")[1].split("-")[0]): last["personalization_score"]}
+    return {int(path.name.split("single_u")[1].split("-")[0]): last["personalization_score"]}  # single_u<user>-s..
 
 
 def mean_std(values: list[float]) -> dict:
@@ -82,7 +89,7 @@ def main() -> int:
     scores: dict[str, dict[int, list[float]]] = {}
     for seed in range(args.seeds):
         for name, overrides in configs(args.steps, args.lora_lr).items():
-            path = out / f"{name}-s{seed}"
+            path = run_path(out, f"{name}-s{seed}", RECIPE, settings(seed, args.judge_accuracy, overrides, args.overrides))
             run(path, seed, args.judge_accuracy, overrides, args.overrides)
             for user, score in final_scores(path).items():
                 scores.setdefault(name, {}).setdefault(user, []).append(score)

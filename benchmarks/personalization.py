@@ -5,7 +5,8 @@
         [--recipe-file cpu.yaml] [override ...]
 
 Runs `clawr1 run recipes/<recipe>/<recipe-file>` once per configuration, one after another (a finished
-run, one with a summary.json, is kept and not run again, so the command can be resumed). A judge of
+run, one with a summary.json, is kept and not run again, so the command can be resumed; a run directory's
+name ends in a hash of its settings, benchmarks/run_cache.py, so other overrides never reuse it). A judge of
 accuracy a flips each score with probability 1 - a (judge.score_noise). Per recipe x accuracy x user
 it reports the mean and standard deviation over seeds of the final held-out score and of the area
 under the score curve (the mean score over the evaluated versions: sample efficiency), prints one
@@ -24,11 +25,19 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.run_cache import run_path  # noqa: E402
 from clawr1.report import load_run  # noqa: E402
 
 
-def run_dir(out: Path, recipe: str, accuracy: float, profile: int, seed: int) -> Path:
-    return out / f"acc{accuracy:g}" / f"p{profile}" / f"{recipe}-s{seed}"
+def run_settings(accuracy: float, profile: int, seed: int, steps: int, extra: list[str]) -> list[str]:
+    return [f"run.seed={seed}", f"run.max_steps={steps}", f"rollout.env_args.profile_seed={profile}",
+            f"judge.score_noise={1 - accuracy:g}", *extra]
+
+
+def run_dir(out: Path, recipe: str, accuracy: float, profile: int, seed: int, steps: int, extra: list[str],
+            recipe_file: str = "cpu.yaml") -> Path:
+    return run_path(out / f"acc{accuracy:g}" / f"p{profile}", f"{recipe}-s{seed}",
+                    REPO / "recipes" / recipe / recipe_file, run_settings(accuracy, profile, seed, steps, extra))
 
 
 def run_one(path: Path, recipe: str, accuracy: float, profile: int, seed: int, steps: int, extra: list[str],
@@ -37,8 +46,7 @@ def run_one(path: Path, recipe: str, accuracy: float, profile: int, seed: int, s
         return 0.0
     t0 = time.monotonic()
     cmd = [sys.executable, "-m", "clawr1.cli", "run", f"recipes/{recipe}/{recipe_file}", f"run.dir={path}",
-           f"run.seed={seed}", f"run.max_steps={steps}", f"rollout.env_args.profile_seed={profile}",
-           f"judge.score_noise={1 - accuracy:g}", "--overwrite", *extra]
+           *run_settings(accuracy, profile, seed, steps, extra), "--overwrite"]
     with open(path.parent / f"{path.name}.out", "w") as log:
         code = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
     if code != 0:
@@ -102,11 +110,11 @@ def main() -> int:
             dirs = []
             for recipe in recipes:
                 finals, areas = [], []
-                paths = [run_dir(out, recipe, accuracy, profile, seed) for seed in range(1, args.seeds + 1)]
+                paths = [run_dir(out, recipe, accuracy, profile, seed, args.steps, args.overrides, args.recipe_file)
+                         for seed in range(1, args.seeds + 1)]
                 if args.only_finished and not all((p / "summary.json").exists() for p in paths):
                     continue
-                for seed in range(1, args.seeds + 1):
-                    path = run_dir(out, recipe, accuracy, profile, seed)
+                for seed, path in zip(range(1, args.seeds + 1), paths):
                     path.parent.mkdir(parents=True, exist_ok=True)
                     took = run_one(path, recipe, accuracy, profile, seed, args.steps, args.overrides, args.recipe_file)
                     final, area = scores(path)

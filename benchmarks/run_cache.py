@@ -1,0 +1,28 @@
+"""Benchmark run directories named by their settings, so a cached run is reused only for the same settings.
+
+A name ends in 8 hex digits of the sha256 of the run's resolved config (the recipe with everything it
+includes, the defaults, and the overrides; `run.dir` left out): a sweep with other overrides, or an edited
+recipe, gets new directories instead of silently reporting another sweep's runs.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from clawr1.config import load_config  # noqa: E402
+
+
+def settings_hash(recipe: Path, overrides: list[str]) -> str:
+    cfg = load_config(recipe, list(overrides)).model_dump(mode="json")
+    cfg["run"].pop("dir", None)
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:8]
+
+
+def run_path(parent: Path, name: str, recipe: Path, overrides: list[str]) -> Path:
+    """parent/<name>-<settings hash>."""
+    return parent / f"{name}-{settings_hash(recipe, overrides)}"

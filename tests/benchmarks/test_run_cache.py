@@ -1,0 +1,20 @@
+"""Benchmark run directories are named by their settings: other overrides never reuse a cached run."""
+from __future__ import annotations
+
+from benchmarks.personalization import run_dir
+from benchmarks.run_cache import settings_hash
+from tests.conftest import REPO
+
+RECIPE = REPO / "recipes/combined/cpu.yaml"
+
+
+def test_the_same_settings_name_the_same_run_and_other_settings_another(tmp_path):
+    assert settings_hash(RECIPE, ["trainer.lr=1e-3"]) == settings_hash(RECIPE, ["trainer.lr=0.001"])
+    assert settings_hash(RECIPE, [f"run.dir={tmp_path}"]) == settings_hash(RECIPE, [])  # where it runs is no setting
+    assert settings_hash(RECIPE, ["trainer.lr=1e-3"]) != settings_hash(RECIPE, ["trainer.lr=2e-3"])
+    assert settings_hash(RECIPE, []) != settings_hash(REPO / "recipes/combined/cpu_lora_users.yaml", [])
+    first = run_dir(tmp_path, "combined", 0.7, 0, 1, 150, [])
+    assert first == run_dir(tmp_path, "combined", 0.7, 0, 1, 150, [])
+    assert first.name.startswith("combined-s1-") and first.parent == tmp_path / "acc0.7" / "p0"
+    assert run_dir(tmp_path, "combined", 0.7, 0, 1, 150, ["algo.opd_center=sample"]) != first
+    assert run_dir(tmp_path, "combined", 0.7, 0, 1, 100, []) != first
