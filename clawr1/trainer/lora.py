@@ -156,7 +156,7 @@ class LoraAdapters(torch.nn.Module):
         if slots.numel() != rows:
             raise ValueError(f"lora routing has {slots.numel()} token slots for {rows} tokens")
         present = [int(k) for k in torch.unique(slots).tolist() if k >= 0]
-        if present and len(present) == 1 and bool((slots == present[0]).all()):
+        if len(present) == 1 and bool((slots == present[0]).all()):
             return [(present[0], None)]
         return [(k, (slots == k).nonzero().squeeze(1)) for k in present]
 

@@ -76,11 +76,10 @@ def test_each_user_is_answered_by_their_own_adapter_and_recorded_with_it(lora_st
             lps = [t["logprob"] for t in reply["choices"][0]["logprobs"]["content"]]
             prompt = reply["usage"]["prompt_tokens"]
             assert prompt > 0 and lps
-            direct = engine.generate(_prompt_ids(cfg, user), {"max_new_tokens": 6, "temperature": 0.0}, lora_path=lora)
+            direct = engine.generate(_prompt_ids(cfg), {"max_new_tokens": 6, "temperature": 0.0}, lora_path=lora)
             assert direct.logprobs[:len(lps)] == pytest.approx(lps, abs=1e-5)
-        assert replies["u0"]["choices"][0]["message"] != replies["u1"]["choices"][0]["message"] or \
-            [t["logprob"] for t in replies["u0"]["choices"][0]["logprobs"]["content"]] != \
-            [t["logprob"] for t in replies["u1"]["choices"][0]["logprobs"]["content"]]
+        first = {u: replies[u]["choices"][0]["logprobs"]["content"][0]["logprob"] for u in ("u0", "u1")}
+        assert abs(first["u0"] - first["u1"]) > 1e-3  # two adapters, two answers to the same prompt
     finally:
         engine.close()
     assert json.loads((cfg.run_dir / "gateway" / "adapter_slots.json").read_text()) == {"u0": 0, "u1": 1}
@@ -97,9 +96,9 @@ def test_each_user_is_answered_by_their_own_adapter_and_recorded_with_it(lora_st
     assert (records["s-u2"].adapter, records["s-u2"].adapter_slot) == ("", 2)  # no slot: the trainer drops it
 
 
-def _prompt_ids(cfg, user: str) -> list[int]:
-    """The token ids the gateway renders for the test's conversation (its /v1/score tells how many; the
-    renderer is the model's chat template, as the gateway's)."""
+def _prompt_ids(cfg) -> list[int]:
+    """The token ids the gateway sends the engine for the test's conversation: the model's chat template,
+    rendered by the same ChatRenderer the gateway uses."""
     from transformers import AutoTokenizer
 
     from clawr1.chat import ChatRenderer
