@@ -193,6 +193,9 @@ def test_an_idle_slot_keeps_its_adapter_and_its_adam_state(tiny_model, megatron_
     for i, s in enumerate(samples):  # a GRPO pair per slot, one sample rewarded and one not
         s.adapter_slot, s.group_id, s.reward = i % 3, f"g{i % 3}", 1.0 if i < 3 else -1.0
     algo = AlgoConfig(w_rl=1.0, w_opd=0.5)
+    assert not any(p.requires_grad for p in policy.model.parameters())  # the base is frozen
+    held = {id(p) for slot in opt.slots for group in slot.optimizer.param_groups for p in group["params"]}
+    assert held == {id(p) for p in adapters.parameters()}  # the optimizer holds the adapters only
     first = train_step(policy, opt, samples, algo, max_tokens_per_microbatch=100_000)
     assert first["slots_stepped"] == 3
     before = {k: [p.detach().clone() for p in adapters.slot_parameters(k)] for k in range(3)}
