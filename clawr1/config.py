@@ -220,6 +220,10 @@ class JudgeConfig(Section):
     # 1 - score_noise of the time), or replaced by 0 with probability score_abstain; hints are kept as they are
     score_noise: Probability = 0.0
     score_abstain: Probability = 0.0
+    # ... and its hints: each is lost with probability hint_drop, or replaced by another recent, different hint
+    # (plausible and wrong) with probability hint_noise (clawr1/judge/noise.py)
+    hint_noise: Probability = 0.0
+    hint_drop: Probability = 0.0
     # llm backend (and the PRM step score of the env backend): any OpenAI-compatible endpoint, or SGLang /generate
     llm_url: str = ""  # e.g. http://prm-host:30000/v1 (openai) or http://prm-host:30000 (generate)
     llm_api: Literal["openai", "generate"] = "openai"  # generate: a text prompt rendered in ChatML
@@ -475,6 +479,8 @@ class Config(Section):
         if j.score_noise + j.score_abstain > 1:
             raise ValueError(f"judge.score_noise + judge.score_abstain must be at most 1, got "
                              f"{j.score_noise} + {j.score_abstain}")
+        if j.hint_noise + j.hint_drop > 1:
+            raise ValueError(f"judge.hint_noise + judge.hint_drop must be at most 1, got {j.hint_noise} + {j.hint_drop}")
         if self.lora.per_user and not self.lora.enabled:
             raise ValueError("lora.per_user trains one adapter per user: set lora.enabled=true")
         if self.lora.per_user and self.lora.sync != "adapter":

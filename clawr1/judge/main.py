@@ -22,7 +22,7 @@ from clawr1.config import Config
 from clawr1.chat import ChatRenderer
 from clawr1.judge.env import EnvJudge
 from clawr1.judge.llm import LlmJudge
-from clawr1.judge.noise import noisy_score
+from clawr1.judge.noise import HintNoise, noisy_score
 from clawr1.judge.rules import RulePatterns, Verdict, judge_rules
 from clawr1.engine_api.client import EngineClient
 from clawr1.judge.teacher import Teacher, TeacherScores
@@ -69,6 +69,7 @@ class Judge:
         self.pool = bus.AsyncRpcClient(cfg.pool_samples_addr, timeout_s=30.0)
         self.counts: Counter = Counter()
         self.noise_rng = random.Random(f"judge-noise-{cfg.run.seed}")
+        self.hint_noise = HintNoise(cfg.judge.hint_noise, cfg.judge.hint_drop, random.Random(f"judge-hints-{cfg.run.seed}"))
         self.latency_sum = 0.0
         self.latency_n = 0
         self.waits: list[float] = []  # queueing delay (gateway queue + socket) of records since the last report
@@ -104,6 +105,10 @@ class Judge:
             if reported != verdict.score:
                 self.counts["scores_abstained" if reported == 0.0 else "scores_flipped"] += 1
             verdict = dataclasses.replace(verdict, score=reported)
+        if verdict.hint and (j.hint_noise or j.hint_drop):
+            hint, what = self.hint_noise.apply(verdict.hint)
+            self.counts[f"hints_{what}"] += 1
+            verdict = dataclasses.replace(verdict, hint=hint)
         if verdict.hint and self.teacher is not None and record.response_ids:
             teacher = await self.teacher.score(record.prompt_ids, record.response_ids, verdict.hint,
                                                self.cfg.judge.teacher_topk, record.temperature)
