@@ -35,6 +35,9 @@ class PersonalEnvConfig:
     # among them and name their user; held-out scores are per user (personalization_score_u<seed>) and their
     # mean. Empty: the one user of profile_seed.
     users: list[int] = field(default_factory=list)
+    # GRPO groups: each training episode plays this many sessions of one user asking the same questions (their own
+    # samples); the turns at the same position of the sessions share a group id (match pool.group_size)
+    group_size: int = 1
     questions_per_session: int = 2
     max_corrections: int = 1
     implicit_rate: float = 0.2  # share of violations answered by re-asking instead of a directive
@@ -55,6 +58,8 @@ class PersonalEnvConfig:
         unknown = [k for k in self.kinds if k not in KINDS]
         if unknown or not self.kinds:
             raise ValueError(f"personal env: kinds must be a non-empty subset of {list(KINDS)}, got {self.kinds}")
+        if self.group_size < 1:
+            raise ValueError(f"personal env: group_size must be >= 1, got {self.group_size}")
 
 
 def make_profile(seed: int, kinds: list[str]) -> Style:
@@ -84,18 +89,35 @@ class PersonalEnv:
         return {"profiles": self.profiles} if self.named_users else {"profile": self.profile}
 
     async def episode(self, client: ChatClient, session_id: str, rng: random.Random) -> dict[str, float]:
-        """One session of a few questions, with the next user in turn. Returns episode metrics."""
+        """One session of a few questions with the next user in turn (group_size > 1: that many sessions of the
+        user asking the same questions, one GRPO group per turn position). Returns episode metrics."""
         user = next(self._next_user)
+        n = self.cfg.group_size
+        if n == 1:
+            return await self._session(client, session_id, user, rng, rng)
+        questions_seed = rng.random()
+        members = await asyncio.gather(*(
+            self._session(client, f"{session_id}-{i}", user, random.Random(questions_seed),
+                          random.Random(rng.random()), group=session_id) for i in range(n)))
+        return {key: sum(m[key] for m in members) / n for key in members[0]}
+
+    async def _session(self, client: ChatClient, session_id: str, user: str, questions: random.Random,
+                       rng: random.Random, group: str = "") -> dict[str, float]:
+        """One session: `questions` draws the questions, `rng` how the user reacts; with `group`, each turn's
+        group id is the group and the turn's position (question, try)."""
         profile, name = self.profiles[user], user if self.named_users else ""
         messages = [{"role": "system", "content": SYSTEM_PROMPT}]
         first_ok = corrections = reasks = 0
-        next_user = (question := train_question(rng)).text
+        next_user = (question := train_question(questions)).text
         satisfied = False
         for q_index in range(self.cfg.questions_per_session):
             tries = 0
             while True:
                 messages.append({"role": "user", "content": next_user})
-                answer = (await client.chat(session_id, messages, **({"user": name} if name else {}))).content
+                extra = {"user": name} if name else {}
+                if group:
+                    extra["group_id"] = f"{group}-q{q_index}-t{tries}"
+                answer = (await client.chat(session_id, messages, **extra)).content
                 messages.append({"role": "assistant", "content": answer})
                 wrong = violations(answer, profile, self.read)
                 satisfied = not wrong
@@ -111,7 +133,7 @@ class PersonalEnv:
                     corrections += 1
                     next_user = await self._say(profile, "correct", "No. " + directive_text(wrong), answer, wrong)
             if q_index + 1 < self.cfg.questions_per_session:
-                question = train_question(rng)
+                question = train_question(questions)
                 prefix = "" if satisfied else STILL_WRONG.format(directive=directive_text(wrong)) + " "
                 next_user = await self._say(profile, "move_on", prefix + rng.choice(MOVE_ON).format(q=question.text),
                                             answer)

@@ -1,4 +1,5 @@
 import asyncio
+import os
 import random
 
 import pytest
@@ -139,3 +140,40 @@ def test_an_unreachable_user_model_falls_back_to_the_script():
     agent = ScriptedAgent(["nonsense", "nonsense"])
     asyncio.run(env.episode(agent, "s", random.Random(0)))
     assert agent.seen[1][-1]["content"].startswith("No. Please ") and env.report() == {"user_llm_errors": 1}
+
+
+class GroupAgent:
+    """Records who asked what under which group id; answers well in the sessions named in `good`."""
+
+    def __init__(self, good_answer: str, good: set[str]):
+        self.good_answer, self.good, self.calls, self.completed = good_answer, good, [], {}
+
+    async def chat(self, session_id, messages, *, group_id="", user="", **_):
+        self.calls.append((session_id, group_id, user, messages[-1]["content"]))
+        return AssistantTurn(self.good_answer if session_id in self.good else "nonsense")
+
+    async def complete(self, session_id, reward, text=""):
+        self.completed[session_id] = reward
+
+
+def test_a_group_is_one_users_sessions_asking_the_same_questions():
+    env = PersonalEnv({"kinds": ["format"], "users": [0, 1], "questions_per_session": 2, "implicit_rate": 0.0,
+                       "group_size": 3, "max_corrections": 1})
+    wanted = env.profiles["u0"]["format"]
+    good = render_answer(Question("q", 1, 1, "g"), {"format": wanted, "units": "symbol", "tone": "none",
+                                                   "length": "short", "closing": "none"})
+    agent = GroupAgent(good, {"s-0"})
+    result = asyncio.run(env.episode(agent, "s", random.Random(4)))
+    sessions = {c[0] for c in agent.calls}
+    assert sessions == {"s-0", "s-1", "s-2"} and {c[2] for c in agent.calls} == {"u0"}  # one user, three sessions
+    first = {c[3] for c in agent.calls if c[1] == "s-q0-t0"}
+    assert len(first) == 1  # the same first question in every session of the group
+    second = [c[3] for c in agent.calls if c[1] == "s-q1-t0"]  # the same next question, after each one's reaction
+    common = os.path.commonprefix([t[::-1] for t in second])[::-1]
+    assert len(second) == 3 and common.endswith("?") and len(common) > 20 and len(set(second)) > 1
+    assert {c[1] for c in agent.calls if c[0] == "s-1"} == {"s-q0-t0", "s-q0-t1", "s-q1-t0", "s-q1-t1"}
+    assert agent.completed == {"s-0": 1.0, "s-1": -1.0, "s-2": -1.0}
+    assert result["first_try_ok"] == pytest.approx(1 / 3) and result["corrections"] == pytest.approx(4 / 3)
+    assert asyncio.run(env.episode(agent, "t", random.Random(4))) and {c[2] for c in agent.calls[-12:]} == {"u1"}
+    with pytest.raises(ValueError, match="group_size must be >= 1"):
+        PersonalEnv({"group_size": 0})
