@@ -52,7 +52,11 @@ def wait_for_batch(pool: bus.RpcClient, version: int, last_batch_id: int, batch_
     start = reported = time.monotonic()
     poll_s = 0.05
     while not stop.is_set():
-        reply = pool.call(BatchRequest(trainer_version=version, last_batch_id=last_batch_id, batch_size=batch_size))
+        try:
+            reply = pool.call(BatchRequest(trainer_version=version, last_batch_id=last_batch_id, batch_size=batch_size))
+        except bus.BusTimeout as e:  # a pool that died holding the request: ask its successor (asking is idempotent)
+            log.warning("%s; asking the pool again", e)
+            continue
         if isinstance(reply, Batch):
             return reply
         assert isinstance(reply, NoBatch)
@@ -65,6 +69,18 @@ def wait_for_batch(pool: bus.RpcClient, version: int, last_batch_id: int, batch_
         stop.wait(poll_s)
         poll_s = min(poll_s * 2, MAX_POLL_S)
     return None
+
+
+def commit_batch(pool: bus.RpcClient, batch_id: int, tries: int = 5) -> None:
+    """Commit a batch to the pool; committing is idempotent, so a pool that died holding the request is asked again."""
+    for attempt in range(tries):
+        try:
+            pool.call(Commit(batch_id=batch_id))
+            return
+        except bus.BusTimeout as e:
+            if attempt + 1 == tries:
+                raise
+            log.warning("%s; committing batch %d again", e, batch_id)
 
 
 def broadcast(obj, par: ParallelInfo):
@@ -160,7 +176,7 @@ class Trainer:
         self.checkpointed_step = self.step
         log.info("resumed from %s: step %d, batch %d", path, self.step, self.last_batch_id)
         if self.lead and self.last_batch_id:
-            self.pool.call(Commit(batch_id=self.last_batch_id))  # idempotent; the crash may have come before it
+            commit_batch(self.pool, self.last_batch_id)  # the crash may have come before it
         # The engines may hold weights of steps after the checkpoint, which are lost: they get the
         # checkpoint's weights back under the checkpoint's version, so versions keep counting steps.
         self.publish()
@@ -201,7 +217,7 @@ class Trainer:
             checkpoint.save(self.ckpt_root, meta, self.trainable, self.optimizer, self.cfg.trainer.keep_checkpoints)
             self.checkpointed_step = self.step
         if self.lead and (not every or force or self.step % every == 0):
-            self.pool.call(Commit(batch_id=self.last_batch_id))
+            commit_batch(self.pool, self.last_batch_id)
 
     def next_batch(self, stop) -> Optional[Batch]:
         batch = None
