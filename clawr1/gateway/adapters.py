@@ -30,14 +30,15 @@ class AdapterRouting:
         self.version: Optional[int] = current["version"] if current else None
         self.users_without_slot: set[str] = set()
 
-    def slot_of(self, user: str) -> Optional[int]:
-        """The user's adapter slot; None: no adapter (LoRA off, or every slot taken)."""
+    def slot_of(self, user: str, claim: bool = True) -> Optional[int]:
+        """The user's adapter slot; None: no adapter (LoRA off, an anonymous user, a user without a slot yet when
+        not `claim`ing one, as an evaluation's side turn does, or every slot taken)."""
         if not self.enabled:
             return None
         if not self.per_user:
             return 0
         slot = self.users.get(user)
-        if slot is None:
+        if slot is None and user and claim:
             if len(self.users) >= self.slots:
                 if user not in self.users_without_slot:
                     log.warning("user %r gets no adapter: all %d slots (lora.slots) are taken; serving the base model",
@@ -71,11 +72,14 @@ class AdapterRouting:
             self.version = version
 
     def _load_users(self) -> dict[str, int]:
-        try:
-            users = json.loads(self.file.read_text())
-        except (OSError, ValueError):
+        if not self.file.exists():
             return {}
-        return {str(u): int(s) for u, s in users.items() if 0 <= int(s) < self.slots}
+        try:
+            users = {str(u): int(s) for u, s in json.loads(self.file.read_text()).items()}
+        except (OSError, ValueError, TypeError, AttributeError):
+            log.warning("%s is unreadable: users get new adapter slots", self.file)
+            return {}
+        return {u: s for u, s in users.items() if 0 <= s < self.slots}
 
     def _save_users(self) -> None:
         self.file.parent.mkdir(parents=True, exist_ok=True)

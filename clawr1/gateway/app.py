@@ -180,11 +180,12 @@ def validation_error(errors: list[dict]) -> dict:
 
 def turn_context(headers: Mapping[str, str], path_session: Optional[str], body: ChatCompletionRequest) -> TurnContext:
     """Whose turn this is: X-Session-Id, else the session in the path, else the `user` field. The user (whose
-    LoRA adapter serves it, lora.per_user): X-User-Id, else the `user` field, else the session in the path."""
+    LoRA adapter serves it, lora.per_user): X-User-Id, else the `user` field, else the session (the path's, else
+    X-Session-Id); empty for an anonymous request."""
     return TurnContext(session_id=headers.get("x-session-id") or path_session or body.user,
                        side=headers.get("x-turn-type", "main").lower() == "side",
                        group_id=headers.get("x-group-id", ""), task_id=headers.get("x-task-id", ""),
-                       user=headers.get("x-user-id") or body.user or path_session or "")
+                       user=headers.get("x-user-id") or body.user or path_session or headers.get("x-session-id") or "")
 
 
 def create_app(gateway: Gateway, api_key: Optional[str] = None) -> ASGIApp:

@@ -724,7 +724,8 @@ class _Turn:
         self.session_id = "" if ctx.side else (ctx.session_id or f"anon-{uuid.uuid4().hex}")
         self.key = ctx.session_id or self.session_id or self.cid  # engine affinity, side turns included
         self.holds_lock = False
-        self.slot = gw.adapters.slot_of(ctx.user or self.key)  # the user's LoRA adapter slot (None: the base)
+        # the user's LoRA adapter slot (None: the base); only a user's main turn may claim a new slot
+        self.slot = gw.adapters.slot_of(ctx.user, claim=not ctx.side)
 
     async def __aenter__(self) -> "_Turn":
         gw = self.gw

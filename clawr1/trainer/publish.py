@@ -236,16 +236,21 @@ class AdapterSink:
             if held is not None and held not in keep:
                 _unload(engine, name)
 
-    def _load(self, engine: SyncEngineClient, name: str, tensors: dict, config: dict, directory: Path) -> dict:
-        """Load one adapter; returns the names the engine holds after it (its reply's loaded_adapters)."""
+    def _load(self, engine: SyncEngineClient, name: str, tensors: dict, config: dict, directory: Path,
+              replace: bool = True) -> dict:
+        """Load one adapter; returns the names the engine holds after it (its reply's loaded_adapters). A name the
+        engine holds already (left by a trainer that crashed after publishing this version) is replaced, once."""
         try:
             return engine.load_lora_adapter_from_tensors(name, config, tensors, self.tp_size).get("loaded_adapters")
         except EngineError as e:
-            if "already loaded" in str(e):  # left by a trainer that crashed after publishing this version
-                _unload(engine, name)
-                return self._load(engine, name, tensors, config, directory)
-            log.warning("engine %s refused the adapter's tensors (%s); loading %s from disk", engine.url, e, directory)
-            return engine.load_lora_adapter(name, str(directory.resolve())).get("loaded_adapters")
+            if "already loaded" not in str(e):
+                log.warning("engine %s refused the adapter's tensors (%s); loading %s from disk", engine.url, e,
+                            directory)
+                return engine.load_lora_adapter(name, str(directory.resolve())).get("loaded_adapters")
+            if not replace:
+                raise
+        _unload(engine, name)
+        return self._load(engine, name, tensors, config, directory, replace=False)
 
     def push(self, hf_state: dict[str, Tensor], version: int) -> str:
         raise TypeError("lora.sync=adapter publishes adapters (push_adapters), not full weights")
@@ -255,10 +260,13 @@ class AdapterSink:
 
 
 def _unload(engine: SyncEngineClient, name: str) -> None:
+    """Best effort: an adapter left loaded is unloaded by the next publish (it unloads every stale version)."""
     try:
         engine.unload_lora_adapter(name)
     except EngineError as e:  # a restarted engine never had it
         log.info("engine %s: %s", engine.url, e)
+    except httpx.HTTPError as e:  # e.g. its in-flight requests outlasted the client's timeout
+        log.warning("engine %s did not unload %s (%s); the next publish tries again", engine.url, name, e)
 
 
 def _sink(cfg: Config, engines: list[SyncEngineClient], base_model_path: Path) -> WeightSink:

@@ -156,3 +156,17 @@ def test_32_streaming_clients_see_no_failure_across_20_adapter_publishes(lora_st
     assert len(versions) >= publishes // 2 and max(versions) >= publishes  # the clients followed the swaps
     loaded = httpx.post(f"{cfg.engine_url}/unload_lora_adapter", json={"lora_name": "none"}, timeout=10).json()
     assert sorted(loaded["loaded_adapters"]) == [f"slot{s}@v{v}" for s in (0, 1) for v in (publishes, publishes + 1)]
+
+
+def test_only_a_named_users_main_turn_claims_a_slot(tmp_path, caplog):
+    from clawr1.gateway.adapters import AdapterRouting
+
+    cfg = make_config(tmp_path, "lora.enabled=true", "lora.per_user=true", "lora.slots=2")
+    routing = AdapterRouting(cfg)
+    assert routing.slot_of("alice", claim=False) is None  # an evaluation's side turn: looks, claims nothing
+    assert routing.slot_of("") is None  # anonymous: no user to keep an adapter for
+    assert routing.slot_of("alice") == 0 and routing.slot_of("bob") == 1 and routing.slot_of("carol") is None
+    assert routing.slot_of("bob", claim=False) == 1 and routing.users == {"alice": 0, "bob": 1}
+    assert AdapterRouting(cfg).users == {"alice": 0, "bob": 1}  # kept across a restart
+    routing.file.write_text('{"alice": "zero"}')
+    assert AdapterRouting(cfg).users == {} and "unreadable" in caplog.text  # a corrupt file is not a crash

@@ -361,16 +361,19 @@ class FakeEngine:
     (aborted requests still draining). version=None: no /server_info (an engine that does not say).
     reported: the version /server_info reports, if not `version` (a patched build that misreports).
     nccl_version: reported in /model_info, as clawr1's embedded engine does (SGLang reports none).
+    stuck_loras: /unload_lora_adapter says it unloaded, and keeps the adapter. unload_delay_s: it answers that late.
     """
 
     def __init__(self, name: str, log: Log, wire: Wire, *, version: str | None = SGLANG_0_5_23,
                  reported: str | None = None, fail_update: bool = False, fail_init: bool = False, running: int = 0,
                  busy_flushes: int = 0, refuse_flushes: bool = False, in_session: bool = False,
                  has_begin: bool | None = None, old_model_info: bool = False, fail_disk: bool = False,
-                 nccl_version: str | None = None, remote: bool = False):
+                 nccl_version: str | None = None, remote: bool = False, stuck_loras: bool = False,
+                 unload_delay_s: float = 0.0):
         self.name, self.log, self.wire = name, log, wire
         self.loras: dict[str, dict] = {}  # LoRA adapters by name: their tensors (or directory)
         self.remote = remote  # on another machine: pickled tensors (shared memory handles) cannot be read
+        self.stuck_loras, self.unload_delay_s = stuck_loras, unload_delay_s
         self.nccl_version = nccl_version
         self.version, self.reported = version, reported or version
         self.new = version != SGLANG_0_5_15 if has_begin is None else has_begin  # has the 0.5.23 session API
@@ -476,7 +479,9 @@ class FakeEngine:
 
         name = body["lora_name"]
         if path == "/unload_lora_adapter":
-            return reply() if self.loras.pop(name, None) is not None else reply(f"LoRA adapter {name} not found")
+            time.sleep(self.unload_delay_s)
+            held = self.loras.get(name) if self.stuck_loras else self.loras.pop(name, None)
+            return reply() if held is not None else reply(f"LoRA adapter {name} not found")
         if name in self.loras:
             return reply(f"Failed to load LoRA adapter {name}: an adapter with that name is already loaded")
         if path == "/load_lora_adapter":

@@ -3,6 +3,7 @@ test_sglang_contract.py; and the trainer's adapter sink: versioned loads, the di
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -100,6 +101,31 @@ def test_the_adapter_sink_loads_versions_falls_back_to_disk_and_unloads_the_olde
     assert saved == CONFIG
     unloads = [e[3]["lora_name"] for e in log.events if e[2] == "/unload_lora_adapter"]
     assert sorted(unloads) == ["slot0@v1", "slot0@v1", "slot1@v1", "slot1@v1"]
+
+
+def test_the_sink_replaces_a_leftover_adapter_once_and_outlives_a_slow_unload(fleet, tmp_path):
+    log, _, (stuck, slow) = fleet(2, A={"stuck_loras": True}, B={"unload_delay_s": 1.0})
+    cfg = load_config(None, [f"run.dir={tmp_path}", "lora.enabled=true", "serve.backend=sglang",
+                             "judge.teacher=frozen"])
+    stuck.loras["slot0@v1"] = {"dir": "left by a crashed trainer"}  # and it will not let go of it
+    client = SyncEngineClient(stuck.url)
+    try:
+        with pytest.raises(EngineError, match="already loaded"):
+            AdapterSink(cfg, [client], tmp_path / "base").push_adapters({0: TENSORS}, CONFIG, 1)
+    finally:
+        client.close()
+    tries = [e for e in log.events if e[1] == "A" and e[2] == "/load_lora_adapter_from_tensors"]
+    assert len(tries) == 2  # the load, then once more after the unload: not again and again
+
+    client = SyncEngineClient(slow.url, timeout_s=0.3)  # its unloads outlast the client's patience
+    try:
+        sink = AdapterSink(cfg, [client], tmp_path / "base")
+        for version in (1, 2, 3, 4):  # from version 3 on, each publish unloads a stale version, and times out
+            sink.push_adapters({0: TENSORS}, CONFIG, version)
+    finally:
+        client.close()
+    time.sleep(1.5)  # the engine finishes the unloads it was asked for
+    assert sorted(slow.loras) == ["slot0@v3", "slot0@v4"]  # every version published; the stale ones gone
 
 
 def test_launch_flags_for_lora():
