@@ -208,12 +208,18 @@ class JudgeConfig(Section):
     concurrency: PositiveInt = 8
     # a next user message matching any of these says the turn was wrong (score -1)
     correction_patterns: list[str] = Field(
-        default_factory=lambda: [r"^\s*no\b", r"\bi asked\b", r"\bwrong\b", r"\bnot what\b", r"\bagain\b"]
+        default_factory=lambda: [r"^\s*no\b", r"\bi asked\b", r"\bwrong\b", r"\bnot what\b", r"\bagain\b",
+                                 r"^\s*(?:nope|nah|ugh|meh)\b", r"\bnot (?:how|quite|right|like that)\b",
+                                 r"\bi (?:said|told you)\b", r"\bthat'?s not\b"]
     )
     # sentences matching these say what to do instead; they become the hint (and also score -1)
     directive_patterns: list[str] = Field(
         default_factory=lambda: [r"\bplease\b", r"\binstead\b", r"\bi want\b", r"\bi prefer\b", r"\bdon't\b",
-                                 r"\bdo not\b", r"\bshould\b", r"\bmust\b", r"\bneed to\b"]
+                                 r"\bdo not\b", r"\bshould\b", r"\bmust\b", r"\bneed to\b",
+                                 # requests as people word them
+                                 r"\b(?:could|can|would|will) you\b", r"\bi'?d (?:like|prefer|rather)\b",
+                                 r"\bi would (?:like|prefer|rather)\b", r"\bmake sure\b", r"\bno need\b",
+                                 r"\brather than\b"]
     )
     max_hint_chars: PositiveInt = 400
     # an imperfect judge on purpose: each score is flipped with probability score_noise (a PRM that is right

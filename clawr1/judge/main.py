@@ -100,6 +100,9 @@ class Judge:
     async def _emit(self, record: TurnRecord, verdict: Verdict) -> str:
         teacher = None
         j = self.cfg.judge
+        # a negative verdict that says nothing about what to do instead (a vague complaint, a re-ask, a wording the
+        # judge could not read a wish from): counted, never guessed
+        self.counts["negative_without_hint"] += bool(verdict.score is not None and verdict.score < 0 and not verdict.hint)
         if j.score_noise or j.score_abstain:
             reported = noisy_score(verdict.score, j.score_noise, j.score_abstain, self.noise_rng)
             if reported != verdict.score:

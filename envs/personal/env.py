@@ -21,8 +21,8 @@ from typing import Any
 
 from clawr1.environment import ChatClient
 from envs.personal.llm_user import LlmUser
-from envs.personal.phrases import MOVE_ON, REASK, STILL_WRONG, SYSTEM_PROMPT
-from envs.personal.preferences import KINDS, OPTIONS, READERS, Style, directive_text, violations
+from envs.personal.phrases import CORRECTION_OPENERS, HELDOUT_COMPLAINTS, MOVE_ON, REASK, STILL_WRONG, SYSTEM_PROMPT
+from envs.personal.preferences import KINDS, OPTIONS, READERS, Style, directive_text, free_wish_text, violations
 from envs.personal.questions import heldout_questions, train_question
 from envs.personal.teacher_probe import probe
 
@@ -36,7 +36,9 @@ class PersonalEnvConfig:
     # mean. Empty: the one user of profile_seed.
     users: list[int] = field(default_factory=list)
     # GRPO groups: each training episode plays this many sessions of one user asking the same questions (their own
-    # samples); the turns at the same position of the sessions share a group id (match pool.group_size)
+    # samples); the first answers to the same question share a group id (match pool.group_size). A retry after a
+    # correction, which only some sessions reach, has no group (the EMA baseline): a group the pool waits for
+    # would otherwise stay short until pool.group_timeout_s
     group_size: int = 1
     questions_per_session: int = 2
     max_corrections: int = 1
@@ -51,8 +53,16 @@ class PersonalEnvConfig:
     # how answers are read: "exact" (the tiny model's shapes only) or "free_text" (a part counts wherever it
     # appears: for pretrained models, which answer in their own words; preferences.read_free_text)
     reader: str = "exact"
+    # how the user words a wish: "canonical" (the directive the tiny model's warm start trained on, word for word)
+    # or "free" (phrases.PHRASINGS' held-out wordings, and vague complaints that name no option)
+    phrasing: str = "canonical"
+    vague_rate: float = 0.2  # free: share of corrections that are a vague complaint (no hint in them)
 
     def __post_init__(self) -> None:
+        if self.phrasing not in ("canonical", "free"):
+            raise ValueError(f"personal env: phrasing must be 'canonical' or 'free', got {self.phrasing!r}")
+        if not 0 <= self.vague_rate <= 1:
+            raise ValueError(f"personal env: vague_rate must be in [0, 1], got {self.vague_rate}")
         if self.reader not in READERS:
             raise ValueError(f"personal env: reader must be one of {list(READERS)}, got {self.reader!r}")
         unknown = [k for k in self.kinds if k not in KINDS]
@@ -90,7 +100,7 @@ class PersonalEnv:
 
     async def episode(self, client: ChatClient, session_id: str, rng: random.Random) -> dict[str, float]:
         """One session of a few questions with the next user in turn (group_size > 1: that many sessions of the
-        user asking the same questions, one GRPO group per turn position). Returns episode metrics."""
+        user asking the same questions, one GRPO group per question's first answers). Returns episode metrics."""
         user = next(self._next_user)
         n = self.cfg.group_size
         if n == 1:
@@ -103,8 +113,8 @@ class PersonalEnv:
 
     async def _session(self, client: ChatClient, session_id: str, user: str, questions: random.Random,
                        rng: random.Random, group: str = "") -> dict[str, float]:
-        """One session: `questions` draws the questions, `rng` how the user reacts; with `group`, each turn's
-        group id is the group and the turn's position (question, try)."""
+        """One session: `questions` draws the questions, `rng` how the user reacts; with `group`, a question's first
+        answer has the group id of the group and the question's position."""
         profile, name = self.profiles[user], user if self.named_users else ""
         messages = [{"role": "system", "content": SYSTEM_PROMPT}]
         first_ok = corrections = reasks = 0
@@ -115,8 +125,8 @@ class PersonalEnv:
             while True:
                 messages.append({"role": "user", "content": next_user})
                 extra = {"user": name} if name else {}
-                if group:
-                    extra["group_id"] = f"{group}-q{q_index}-t{tries}"
+                if group and tries == 0:
+                    extra["group_id"] = f"{group}-q{q_index}"
                 answer = (await client.chat(session_id, messages, **extra)).content
                 messages.append({"role": "assistant", "content": answer})
                 wrong = violations(answer, profile, self.read)
@@ -131,16 +141,27 @@ class PersonalEnv:
                     next_user = await self._say(profile, "reask", rng.choice(REASK).format(q=question.text), answer)
                 else:
                     corrections += 1
-                    next_user = await self._say(profile, "correct", "No. " + directive_text(wrong), answer, wrong)
+                    next_user = await self._say(profile, "correct", self._correction(wrong, rng), answer, wrong)
             if q_index + 1 < self.cfg.questions_per_session:
                 question = train_question(questions)
-                prefix = "" if satisfied else STILL_WRONG.format(directive=directive_text(wrong)) + " "
+                prefix = "" if satisfied else STILL_WRONG.format(directive=self._wish(wrong, rng)) + " "
                 next_user = await self._say(profile, "move_on", prefix + rng.choice(MOVE_ON).format(q=question.text),
                                             answer)
         await client.complete(session_id, reward=1.0 if satisfied else -1.0,
-                              text="" if satisfied else directive_text(violations(answer, profile, self.read)))
+                              text="" if satisfied else self._wish(violations(answer, profile, self.read), rng))
         n = self.cfg.questions_per_session
         return {"first_try_ok": first_ok / n, "corrections": corrections, "reasks": reasks}
+
+    def _wish(self, wanted: Style, rng: random.Random) -> str:
+        """What the user asks for, in their words (canonical: the warm start's directive; draws nothing)."""
+        return directive_text(wanted) if self.cfg.phrasing == "canonical" else free_wish_text(wanted, rng)
+
+    def _correction(self, wrong: Style, rng: random.Random) -> str:
+        if self.cfg.phrasing == "canonical":
+            return "No. " + directive_text(wrong)
+        if rng.random() < self.cfg.vague_rate:
+            return rng.choice(HELDOUT_COMPLAINTS)
+        return rng.choice(CORRECTION_OPENERS) + free_wish_text(wrong, rng)
 
     async def _say(self, profile: Style, situation: str, scripted: str, answer: str, wrong: Style | None = None) -> str:
         if self.user_llm is None:
@@ -182,6 +203,7 @@ class PersonalEnv:
             out = {k: v for k, v in out.items() if not k.endswith(f"_{next(iter(per_user))}")}
         answers = next(iter(per_user.values()))[0]
         if self.cfg.probe_teacher and not self.named_users and hasattr(client, "score"):  # one profile to probe
+            wording = random.Random(f"probe-{self.seed}")  # the hint in the user's words, the same at every evaluation
             out.update(await probe(client, [q.text for q in questions], answers, self.profile, session_prefix,
-                                   self.seed * 100_003, self.read))
+                                   self.seed * 100_003, self.read, lambda wanted: self._wish(wanted, wording)))
         return out

@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
+from envs.personal.phrases import heldout_phrasings
+
 UNIT_WORDS = {
     "km": "kilometers", "m": "meters", "cm": "centimeters", "kg": "kilograms",
     "g": "grams", "L": "liters", "h": "hours", "min": "minutes",
@@ -103,6 +105,16 @@ def directive_text(wanted: Style) -> str:
         return ""
     body = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
     return f"Please {body}."
+
+
+def free_wish_text(wanted: Style, rng: random.Random) -> str:
+    """The wishes as a user speaking freely words them: one held-out phrasing per option, a sentence each
+    ("Could you wrap the result in <ans> tags? Spell the units out please.")."""
+    sentences = []
+    for kind, option in wanted.items():
+        text = rng.choice(heldout_phrasings(kind, option))
+        sentences.append(text[0].upper() + text[1:] + ("" if text.endswith(("?", "!", ".")) else "."))
+    return " ".join(sentences)
 
 
 # ---------------------------------------------------------------- checking

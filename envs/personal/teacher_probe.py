@@ -3,7 +3,7 @@
 For the current policy on held-out questions:
 
 - *uptake* of a kind: the rate at which responses satisfy the kind's preference with the hint
-  (the user's full preferences, as a directive) in context, minus the rate without it;
+  (the user's full preferences, as the user words them) in context, minus the rate without it;
 - *signal quality* of a kind: the AUC of a response's summed teacher - student log-prob gap, the
   teacher holding one directive (that kind's) in context, as a classifier of responses that satisfy
   the kind against those that violate it (1.0 perfect, 0.5 chance, below 0.5 inverted).
@@ -20,7 +20,7 @@ import argparse
 import asyncio
 import json
 import sys
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from envs.personal.phrases import SYSTEM_PROMPT
 from envs.personal.preferences import Reader, Style, directive_text, parse_style, violations
@@ -53,8 +53,12 @@ def hinted_message(question: str, hint: str) -> str:
     return f"{question}\n{hint}"
 
 
+Wording = Callable[[Style], str]  # how the user words wishes: the hint the teacher gets
+
+
 async def signal_quality(client: Any, questions: Sequence[str], answers: Sequence[str], profile: Style,
-                         read: Reader = parse_style, concurrency: int = 8) -> dict[str, Optional[float]]:
+                         read: Reader = parse_style, concurrency: int = 8,
+                         wording: Wording = directive_text) -> dict[str, Optional[float]]:
     """Per kind: the AUC of the summed teacher - student gap as a satisfies-the-kind classifier."""
     slots = asyncio.Semaphore(concurrency)
 
@@ -66,7 +70,7 @@ async def signal_quality(client: Any, questions: Sequence[str], answers: Sequenc
     student = await asyncio.gather(*(summed(q, a, "") for q, a in zip(questions, answers)))
     out: dict[str, Optional[float]] = {}
     for kind, option in profile.items():
-        hint = directive_text({kind: option})
+        hint = wording({kind: option})
         teacher = await asyncio.gather(*(summed(q, a, hint) for q, a in zip(questions, answers)))
         gaps = [t - s for t, s in zip(teacher, student)]
         out[f"auc_{kind}"] = auc(gaps, [kind not in violations(a, profile, read) for a in answers])
@@ -74,9 +78,11 @@ async def signal_quality(client: Any, questions: Sequence[str], answers: Sequenc
 
 
 async def probe(client: Any, questions: Sequence[str], plain_answers: Sequence[str], profile: Style,
-                session_prefix: str, seed: int, read: Reader = parse_style) -> dict[str, Optional[float]]:
-    """Uptake and AUC per kind; `plain_answers` are the policy's answers to `questions` without a hint."""
-    hint = directive_text(profile)
+                session_prefix: str, seed: int, read: Reader = parse_style,
+                wording: Wording = directive_text) -> dict[str, Optional[float]]:
+    """Uptake and AUC per kind; `plain_answers` are the policy's answers to `questions` without a hint, which
+    is the profile in the user's `wording`."""
+    hint = wording(profile)
 
     async def hinted(i: int, q: str) -> str:
         messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": hinted_message(q, hint)}]
@@ -84,7 +90,7 @@ async def probe(client: Any, questions: Sequence[str], plain_answers: Sequence[s
 
     hinted_answers = await asyncio.gather(*(hinted(i, q) for i, q in enumerate(questions)))
     return {**uptake(plain_answers, hinted_answers, profile, read),
-            **await signal_quality(client, questions, plain_answers, profile, read)}
+            **await signal_quality(client, questions, plain_answers, profile, read, wording=wording)}
 
 
 def _main(argv: Optional[list[str]] = None) -> int:

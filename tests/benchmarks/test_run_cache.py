@@ -15,6 +15,8 @@ def test_the_same_settings_name_the_same_run_and_other_settings_another(tmp_path
     assert settings_hash(RECIPE, []) != settings_hash(REPO / "recipes/combined/cpu_lora_users.yaml", [])
     first = run_dir(tmp_path, "combined", 0.7, 0, 1, 150, [])
     assert first == run_dir(tmp_path, "combined", 0.7, 0, 1, 150, [])
-    assert first.name.startswith("combined-s1-") and first.parent == tmp_path / "acc0.7" / "p0"
+    assert first.name.startswith("combined-s1-") and first.parent == tmp_path / "realistic" / "acc0.7" / "p0"
+    oracle = run_dir(tmp_path, "combined", 0.7, 0, 1, 150, [], setting="oracle")
+    assert oracle.parent == tmp_path / "oracle" / "acc0.7" / "p0" and oracle.name != first.name
     assert run_dir(tmp_path, "combined", 0.7, 0, 1, 150, ["algo.opd_center=sample"]) != first
     assert run_dir(tmp_path, "combined", 0.7, 0, 1, 100, []) != first

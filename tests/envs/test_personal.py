@@ -166,14 +166,60 @@ def test_a_group_is_one_users_sessions_asking_the_same_questions():
     result = asyncio.run(env.episode(agent, "s", random.Random(4)))
     sessions = {c[0] for c in agent.calls}
     assert sessions == {"s-0", "s-1", "s-2"} and {c[2] for c in agent.calls} == {"u0"}  # one user, three sessions
-    first = {c[3] for c in agent.calls if c[1] == "s-q0-t0"}
+    first = {c[3] for c in agent.calls if c[1] == "s-q0"}
     assert len(first) == 1  # the same first question in every session of the group
-    second = [c[3] for c in agent.calls if c[1] == "s-q1-t0"]  # the same next question, after each one's reaction
+    second = [c[3] for c in agent.calls if c[1] == "s-q1"]  # the same next question, after each one's reaction
     common = os.path.commonprefix([t[::-1] for t in second])[::-1]
     assert len(second) == 3 and common.endswith("?") and len(common) > 20 and len(set(second)) > 1
-    assert {c[1] for c in agent.calls if c[0] == "s-1"} == {"s-q0-t0", "s-q0-t1", "s-q1-t0", "s-q1-t1"}
+    # first answers in groups of 3; a retry after a correction (s-1 and s-2 only) in none
+    assert [c[1] for c in agent.calls if c[0] == "s-1"] == ["s-q0", "", "s-q1", ""]
+    assert sorted(c[1] for c in agent.calls if c[1]) == ["s-q0"] * 3 + ["s-q1"] * 3
     assert agent.completed == {"s-0": 1.0, "s-1": -1.0, "s-2": -1.0}
     assert result["first_try_ok"] == pytest.approx(1 / 3) and result["corrections"] == pytest.approx(4 / 3)
     assert asyncio.run(env.episode(agent, "t", random.Random(4))) and {c[2] for c in agent.calls[-12:]} == {"u1"}
     with pytest.raises(ValueError, match="group_size must be >= 1"):
         PersonalEnv({"group_size": 0})
+
+
+def users_messages(phrasing: str, episodes: int) -> list[str]:
+    """Every message a user of this phrasing says after a session's first question, to an agent whose answers take
+    every option of every kind in turn."""
+    every = "Sure! <ans>7 kilometers</ans> Because 3 + 4 = 7. Hope this helps!", "Certainly. 7 km", "The answer is 7 km."
+    said = []
+    for seed in range(episodes):
+        env = PersonalEnv({"profile_seed": seed, "phrasing": phrasing, "implicit_rate": 0.1})
+        agent = ScriptedAgent([every[(seed + i) % 3] for i in range(8)])
+        asyncio.run(env.episode(agent, "s", random.Random(seed)))
+        said += [seen[-1]["content"] for seen in agent.seen[1:]] + [agent.completed[1]]
+    return said
+
+
+def test_free_users_say_only_held_out_wordings_and_every_one_of_them():
+    from envs.personal.phrases import (HELDOUT_COMPLAINTS, PHRASINGS, TRAINING_COMPLAINTS, VAGUE_COMPLAINTS,
+                                       heldout_phrasings)
+    from envs.personal.preferences import DIRECTIVES, KINDS
+
+    training = [DIRECTIVES[k][o] for k in KINDS for o in OPTIONS[k]]
+    training += [p for k in KINDS for o in OPTIONS[k] for p in PHRASINGS[k][o] if p not in heldout_phrasings(k, o)]
+    training += VAGUE_COMPLAINTS[:TRAINING_COMPLAINTS]
+    heldout = [p for k in KINDS for o in OPTIONS[k] for p in heldout_phrasings(k, o)] + list(HELDOUT_COMPLAINTS)
+    assert all(len(heldout_phrasings(k, o)) >= 4 and len(PHRASINGS[k][o]) >= 5 for k in KINDS for o in OPTIONS[k])
+
+    said = " | ".join(users_messages("free", 300)).lower()
+    assert [t for t in training if t.lower() in said] == []
+    assert [h for h in heldout if h.lower() not in said] == []  # the whole held-out bank is in use
+    canonical = " | ".join(users_messages("canonical", 20)).lower()
+    own_words = [h for h in heldout if not any(h.lower() in t.lower() for t in training)]  # not inside a directive
+    assert any(t.lower() in canonical for t in training) and not any(h.lower() in canonical for h in own_words)
+
+
+def test_free_wishes_are_sentences_of_held_out_wordings():
+    from envs.personal.phrases import heldout_phrasings
+    from envs.personal.preferences import free_wish_text
+
+    text = free_wish_text({"format": "tags", "units": "word"}, random.Random(0))
+    tags, word = heldout_phrasings("format", "tags"), heldout_phrasings("units", "word")
+    assert any(text.startswith(t[0].upper() + t[1:]) for t in tags)
+    assert any((w[0].upper() + w[1:]) in text for w in word) and text[-1] in ".?!"
+    with pytest.raises(ValueError, match="phrasing must be"):
+        PersonalEnv({"phrasing": "poetic"})

@@ -83,13 +83,14 @@ def test_the_judge_reports_noisy_hints_to_the_pool(tiny_model, tmp_path, loops):
     async def go():
         judge = Judge(cfg, AutoTokenizer.from_pretrained(tiny_model))
         try:
-            for session, text in (("a", "Please use tags."), ("b", "Please spell the units out.")):
+            for session, text in (("a", "Please use tags."), ("b", "Please spell the units out."),
+                                  ("c", "Not quite what I wanted.")):  # a vague complaint: a score, no hint
                 assert await judge.handle(corrected(session, text)) == [(f"{session}/0/0", "sample")]
             return dict(judge.counts)
         finally:
             judge.pool.close()
 
     counts = asyncio.run(go())
-    assert (counts["hints_no_wrong_one"], counts["hints_wrong"]) == (1, 1)
+    assert (counts["hints_no_wrong_one"], counts["hints_wrong"], counts["negative_without_hint"]) == (1, 1, 1)
     hints = {s.session_id: s.hint for s in read_samples(cfg.run_dir / "pool")}
-    assert hints == {"a": "Please use tags.", "b": "Please use tags."}  # b's hint swapped for the other one seen
+    assert hints == {"a": "Please use tags.", "b": "Please use tags.", "c": ""}  # b's swapped for the other one seen

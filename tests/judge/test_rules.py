@@ -81,3 +81,19 @@ def test_every_directive_the_personal_env_can_say_reaches_the_teacher_whole():
         for said in ("No. " + d, STILL_WRONG.format(directive=d) + " Thanks! Next question: What is 2 m plus 3 m?"):
             assert directive_sentences(said, patterns.directives) == d, said
     assert directive_sentences("Please don't add a sign-off. It's fine.", patterns.directives) == "Please don't add a sign-off."
+
+
+def test_the_training_wordings_of_free_users_are_read_as_hints_and_vague_complaints_as_scores_only():
+    """The judge's request patterns were written before the phrasing bank; the bank's training part is what they may
+    be checked on (the held-out part's extraction rate is measured in the benchmark, not asserted)."""
+    from envs.personal.phrases import PHRASINGS, TRAINING_COMPLAINTS, TRAINING_PHRASINGS, VAGUE_COMPLAINTS
+
+    for kind, options in PHRASINGS.items():
+        for option, phrasings in options.items():
+            for text in phrasings[:TRAINING_PHRASINGS]:
+                sentence = text[0].upper() + text[1:] + "."
+                v = judge_rules(record(NextState(kind="user", text=f"Hmm, not quite. {sentence}")), PATTERNS)
+                assert (v.score, v.hint) == (-1.0, sentence), (kind, option)
+    for complaint in VAGUE_COMPLAINTS[:TRAINING_COMPLAINTS]:
+        v = judge_rules(record(NextState(kind="user", text=complaint)), PATTERNS)
+        assert (v.score, v.hint, v.reason) == (-1.0, "", "complaint")

@@ -1,0 +1,65 @@
+"""The fair protocol's selection and report, on finished runs written by hand (nothing is trained here)."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from benchmarks import fair
+from benchmarks.personalization import run_dir
+
+
+def args(tmp_path, **kw) -> argparse.Namespace:
+    base = dict(out=str(tmp_path), steps=100, recipe_file="cpu.yaml", overrides=[], report_only=True)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def finish(runner: fair.Runner, choice: fair.Choice, accuracy: float, setting: str, user: int, seed: int,
+           curve: list[float]) -> None:
+    """A finished run of this configuration, where the protocol looks for it: held-out scores every 25 versions."""
+    a = runner.args
+    path = run_dir(runner.out, choice.recipe, accuracy, user, seed, a.steps, [*choice.overrides], a.recipe_file, setting)
+    path.mkdir(parents=True)
+    rows = [{"loop": "rollout", "time": float(i), "eval_metric": "personalization_score", "eval_version": 25 * i,
+             "personalization_score": v} for i, v in enumerate(curve)]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (path / "summary.json").write_text("{}")
+
+
+def test_tuning_picks_the_best_mean_area_among_fully_run_candidates(tmp_path):
+    runner = fair.Runner(args(tmp_path))
+    low, high, unfinished = (fair.grid("opd", ["1e-4", "2e-4"], ["frozen", "lagged"])[i] for i in (0, 1, 3))
+    assert low.overrides == ("trainer.lr=1e-4", "judge.teacher=frozen") and low.label == "opd lr=1e-4 teacher=frozen"
+    for user in (0, 1):
+        finish(runner, low, 0.7, "realistic", user, 0, [0.0, 0.6, 0.6])  # the better final, area 0.4
+        finish(runner, high, 0.7, "realistic", user, 0, [0.5, 0.5, 0.5])  # the larger area: chosen
+    finish(runner, unfinished, 0.7, "realistic", 0, 0, [0.9, 0.9, 0.9])  # best, but only one of two runs
+    chosen, rows = fair.tune(runner, ["opd"], ["1e-4", "2e-4"], ["frozen", "lagged"], 0.7, [0, 1], [0])
+    assert chosen == {"opd": high}
+    assert any("| 1/2 |" in r for r in rows) and sum("| 2/2 |" in r for r in rows) == 2
+
+
+def test_evaluation_reports_sample_std_and_the_paired_interval_against_the_best_other(tmp_path):
+    runner = fair.Runner(args(tmp_path))
+    chosen = {r: fair.Choice(r, (f"trainer.lr={lr}",)) for r, lr in (("binary_rl", "2e-4"), ("opd", "1e-4"),
+                                                                       ("combined", "2e-4"))}
+    finals = {"binary_rl": [0.2, 0.4, 0.3, 0.5], "opd": [0.1, 0.2, 0.1, 0.2], "combined": [0.3, 0.5, 0.4, 0.6]}
+    for r, values in finals.items():
+        for (user, seed), final in zip([(1001, 10), (1001, 11), (1002, 10), (1002, 11)], values):
+            finish(runner, chosen[r], 0.7, "realistic", user, seed, [0.0, final])
+    rows, results = fair.evaluate(runner, chosen, [0.7, 1.0], ["realistic"], [1001, 1002], [10, 11])
+    combined = results["realistic/acc0.7/combined"]
+    assert combined["final_mean"] == pytest.approx(0.45) and combined["final_std"] == pytest.approx(0.1291, abs=1e-4)
+    assert combined["pairs"] == 4 and combined["area_mean"] == pytest.approx(0.225)
+    # combined leads binary RL (the best other) by 0.1 on every pair
+    assert results["realistic/acc0.7/interval_final"] == "combined - binary_rl: +0.100 [+0.100, +0.100]"
+    assert "realistic/acc1/combined" not in results  # nothing ran at accuracy 1.0
+    assert sum("combined - binary_rl" in r for r in rows) == 1
+    assert (tmp_path / "fair-bands-realistic-acc0.7.png").stat().st_size > 1000
+
+
+def test_evaluation_users_must_be_new_people():
+    fair.check_users([0, 1, 2, 3], [1001, 1002, 1004, 1005])
+    with pytest.raises(SystemExit, match="user 1000 has the profile of user 3"):
+        fair.check_users([0, 1, 2, 3], [1001, 1000])
