@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.run_cache import run_path  # noqa: E402
+from benchmarks.stats import mean_std  # noqa: E402
 from clawr1.tracking import read_metrics  # noqa: E402
 
 USERS = (0, 1)
@@ -69,11 +69,6 @@ def final_scores(path: Path) -> dict[int, float]:
     if per_user:
         return per_user
     return {int(path.name.split("single_u")[1].split("-")[0]): last["personalization_score"]}  # single_u<user>-s..
-
-
-def mean_std(values: list[float]) -> dict:
-    return {"mean": round(statistics.fmean(values), 4), "std": round(statistics.pstdev(values), 4),
-            "runs": [round(v, 4) for v in values]}
 
 
 def main() -> int:

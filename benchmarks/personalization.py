@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.run_cache import run_path  # noqa: E402
+from benchmarks.stats import mean_std  # noqa: E402
 from clawr1.report import load_run  # noqa: E402
 
 
@@ -99,11 +100,6 @@ def teacher_rows(label: str, probes: list[dict[str, float]]) -> list[str]:
 
     return [f"| {label} | {kind} | {avg(f'hinted_{kind}')} | {avg(f'uptake_{kind}')} | {avg(f'auc_{kind}')} |"
             for kind in kinds]
-
-
-def mean_std(values: list[float]) -> dict:
-    return {"mean": round(statistics.fmean(values), 4), "std": round(statistics.pstdev(values), 4),
-            "runs": [round(v, 4) for v in values]}
 
 
 def main() -> int:

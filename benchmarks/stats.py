@@ -10,6 +10,12 @@ def sample_std(values: list[float]) -> float:
     return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
+def mean_std(values: list[float]) -> dict:
+    """The sweeps' summary of runs: mean, population std (as their earlier results were reported), the values."""
+    return {"mean": round(statistics.fmean(values), 4), "std": round(statistics.pstdev(values), 4),
+            "runs": [round(v, 4) for v in values]}
+
+
 def paired_bootstrap(a: list[float], b: list[float], resamples: int = 10_000, level: float = 0.95,
                      seed: int = 0) -> tuple[float, float, float]:
     """Mean of a - b over pairs, and a percentile bootstrap interval of it: pairs (same user, same seed) are

@@ -368,6 +368,11 @@ class LoraConfig(Section):
     slots: PositiveInt = 1  # adapters trained at once (per_user: the most users with an adapter of their own)
     init_seed: int = 0  # the seed of every slot's initial A (B starts at zero)
 
+    @property
+    def serves_adapters(self) -> bool:
+        """Adapters travel to the engines and serve as adapters (lora.sync=adapter), not merged into the weights."""
+        return self.enabled and self.sync == "adapter"
+
     @model_validator(mode="after")
     def _slots(self) -> "LoraConfig":
         if self.slots > 1 and not self.per_user:
@@ -491,7 +496,7 @@ class Config(Section):
             raise ValueError("lora.per_user trains one adapter per user: set lora.enabled=true")
         if self.lora.per_user and self.lora.sync != "adapter":
             raise ValueError("lora.per_user serves each user their own adapter: it needs lora.sync=adapter")
-        if self.lora.enabled and self.lora.sync == "adapter":
+        if self.lora.serves_adapters:
             if "max_loras" not in self.serve.model_fields_set:
                 self.serve.max_loras = 3 * self.lora.slots + 1
             if self.serve.max_loras < 3 * self.lora.slots:

@@ -40,7 +40,7 @@ from clawr1.config import Config, save_config, to_dict
 from clawr1.engine_api.client import final_weight_version
 from clawr1.engine_api.lora import published_adapters
 from clawr1.placement import LoopSpec, Node, PlacementRefused
-from clawr1.runtime import ready_file, start_process, stop_processes
+from clawr1.runtime import ready_file, start_process, stop_processes, write_atomically
 from clawr1.supervisor import LoopFailed, ProgressPrinter, stop_stages
 
 ReadyCheck = Optional[tuple[str, str]]  # ("http", url) | ("file", path) | None: ready once started
@@ -71,7 +71,7 @@ class LoopHost:
               cwd: str) -> int:
         """Write the run's config on this node and start the loop's process; returns its pid."""
         config_path = Path(run_dir) / "config.yaml"
-        _write_atomically(config_path, config_text)
+        write_atomically(config_path, config_text)
         argv = [sys.executable, "-m", "clawr1.cli", command, "--config", str(config_path), *args]
         full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1", "CLAWR1_LOOP_NAME": self.name,
                     "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in ray.get_gpu_ids()),
@@ -141,14 +141,6 @@ def _ports(host: str, wanted: list[int]) -> list[int]:
     finally:
         for s in sockets:
             s.close()
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Several hosts may write the same file on a shared filesystem: each writes its own temporary and renames."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------- the driver

@@ -9,6 +9,7 @@ import importlib
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -68,20 +69,25 @@ def mark_ready(cfg: Config, loop: str) -> None:
     path.write_text(str(os.getpid()))
 
 
+def write_atomically(path: Path, text: str) -> None:
+    """Write aside, then rename into place: a reader never sees half a file, and writers on several hosts of a
+    shared filesystem each write their own temporary."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def record_whereabouts(cfg: Config) -> None:
     """RUN_DIR/state/<loop>.where.json, written by a loop process that a supervisor started (which names it in
     CLAWR1_LOOP_NAME): its pid and parent, host, node (on Ray) and CUDA_VISIBLE_DEVICES, as the process sees them."""
     name = os.environ.get("CLAWR1_LOOP_NAME")
     if not name:
         return
-    path = cfg.run_dir / "state" / f"{name}.where.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")  # renamed into place: a reader never sees half a file
-    tmp.write_text(json.dumps({
+    write_atomically(cfg.run_dir / "state" / f"{name}.where.json", json.dumps({
         "loop": name, "pid": os.getpid(), "ppid": os.getppid(), "hostname": socket.gethostname(),
         "node_id": os.environ.get("CLAWR1_NODE_ID", ""), "node_ip": os.environ.get("CLAWR1_NODE_IP", ""),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}))
-    os.replace(tmp, path)
 
 
 def resolve_api_key(cfg: GatewayConfig) -> Optional[str]:

@@ -22,6 +22,8 @@ from typing import Any, Optional
 
 from torch import Tensor
 
+from clawr1.runtime import write_atomically
+
 SERIALIZED_LIST_SINCE = (0, 5, 17)  # the first SGLang with serialized_named_tensors (a list, one per TP rank)
 
 
@@ -43,9 +45,7 @@ def adapter_version(name: str) -> Optional[int]:
 
 def write_current(directory: Path, version: int, slots: list[int]) -> None:
     """RUN_DIR/adapters/current.json: the newest published adapters (the trainer writes it aside, then renames)."""
-    tmp = directory / "current.json.tmp"
-    tmp.write_text(json.dumps({"version": version, "slots": slots}))
-    tmp.replace(directory / "current.json")
+    write_atomically(directory / "current.json", json.dumps({"version": version, "slots": slots}))
 
 
 def read_current(directory: Path) -> Optional[dict]:
@@ -59,7 +59,7 @@ def read_current(directory: Path) -> Optional[dict]:
 
 def published_adapters(cfg) -> dict[str, Any]:
     """For a run's summary.json: the version of the adapters the engines serve at the end (lora.sync=adapter)."""
-    if not (cfg.lora.enabled and cfg.lora.sync == "adapter"):
+    if not cfg.lora.serves_adapters:
         return {}
     current = read_current(cfg.run_dir / "adapters")
     return {"adapter_version": current["version"] if current else None}

@@ -14,7 +14,8 @@ import logging
 from typing import Optional
 
 from clawr1.config import Config
-from clawr1.engine_api.lora import adapter_name, read_current
+from clawr1.engine_api.lora import adapter_name, adapter_version, read_current
+from clawr1.runtime import write_atomically
 
 log = logging.getLogger("clawr1.gateway")
 
@@ -22,7 +23,7 @@ log = logging.getLogger("clawr1.gateway")
 class AdapterRouting:
     def __init__(self, cfg: Config):
         lc = cfg.lora
-        self.enabled = lc.enabled and lc.sync == "adapter"
+        self.enabled = lc.serves_adapters
         self.per_user, self.slots = lc.per_user, lc.slots
         self.file = cfg.run_dir / "gateway" / "adapter_slots.json"
         self.users: dict[str, int] = self._load_users()
@@ -64,7 +65,7 @@ class AdapterRouting:
 
     def name_unchanged(self, name: str) -> bool:
         """Whether `name` is of the version routed to now (no newer one announced since it was picked)."""
-        return self.version is not None and name.endswith(f"@v{self.version}")
+        return self.version is not None and adapter_version(name) == self.version
 
     def published(self, version: int) -> None:
         if self.enabled and version != self.version:
@@ -82,8 +83,5 @@ class AdapterRouting:
         return {u: s for u, s in users.items() if 0 <= s < self.slots}
 
     def _save_users(self) -> None:
-        self.file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.users))
-        tmp.replace(self.file)
+        write_atomically(self.file, json.dumps(self.users))
 

@@ -26,7 +26,8 @@ def noisy_score(score: Optional[float], noise: float, abstain: float, rng: rando
 
 
 class HintNoise:
-    """Drops or swaps hints at the configured rates; remembers the last `memory` distinct true hints to swap in."""
+    """Drops or swaps hints at the configured rates; swaps in one of the last `memory` distinct true hints it met
+    (each remembered from its first sighting)."""
 
     def __init__(self, noise: float, drop: float, rng: random.Random, memory: int = 64):
         self.noise, self.drop, self.rng = noise, drop, rng

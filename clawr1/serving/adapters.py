@@ -42,14 +42,13 @@ class Adapter:
     name: str
     scale: float
     weights: dict[str, tuple[Tensor, Tensor]]  # HF module name -> (A [rank, in], B [out, rank])
-    rank: int
     source: str = "__tensor__"  # the directory it was loaded from, as SGLang reports it
     in_flight: int = 0
     draining: bool = False
+    version: Optional[int] = field(init=False)  # the name's @vN, read once (every sampled token carries it)
 
-    @property
-    def version(self) -> Optional[int]:
-        return adapter_version(self.name)
+    def __post_init__(self) -> None:
+        self.version = adapter_version(self.name)
 
 
 def _linear_modules(model: torch.nn.Module) -> dict[str, torch.nn.Linear]:
@@ -96,7 +95,7 @@ def build_adapter(name: str, config: dict[str, Any], tensors: dict[str, Tensor],
         if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
             raise AdapterError(f"{module}: the adapter holds inf or nan")
         weights[module] = (a.detach().to(dtype).contiguous(), b.detach().to(dtype).contiguous())
-    return Adapter(name=name, scale=float(scale), weights=weights, rank=rank, source=source)
+    return Adapter(name=name, scale=float(scale), weights=weights, source=source)
 
 
 def read_peft_dir(path: str) -> tuple[dict[str, Any], dict[str, Tensor]]:

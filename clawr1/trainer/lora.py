@@ -91,7 +91,6 @@ class LoraAdapters(torch.nn.Module):
     def __init__(self, model: torch.nn.Module, arch: ArchSpec, shape: LoraShape, tp: int, tp_rank: int, seed: int = 0):
         super().__init__()
         self.shape, self.tp, self.arch = shape, tp, arch
-        self.norm_eps = arch.norm_eps
         self.a = torch.nn.ParameterDict()
         self.b = torch.nn.ParameterDict()
         self._token_slots: Optional[Tensor] = None
@@ -141,7 +140,7 @@ class LoraAdapters(torch.nn.Module):
         def add_lora(module, args, output):
             x = args[0]
             if hasattr(module, "layer_norm_weight"):  # TE fuses the pre-norm into qkv and fc1
-                x = _rms_norm_input(module, x, self.norm_eps)
+                x = _rms_norm_input(module, x, self.arch.norm_eps)
             out, bias = output
             return out + self._delta(layer, target, x, out.shape), bias
 

@@ -197,7 +197,7 @@ class Trainer:
 
     def publish(self) -> None:
         lc = self.cfg.lora
-        if lc.enabled and lc.sync == "adapter":
+        if lc.serves_adapters:
             adapters = gather_adapters(self.policy)
             if self.lead:
                 config = peft_config(self.policy.lora.shape, str(self.model_path))

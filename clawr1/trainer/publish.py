@@ -207,8 +207,8 @@ class AdapterSink:
     RUN_DIR/adapters/vNNNNNN/slotK holds each published adapter, and RUN_DIR/adapters/current.json the newest
     version: a restarted gateway routes to it, and a restarted engine loads it."""
 
-    def __init__(self, cfg: Config, engines: list[SyncEngineClient], base_model_path: Path):
-        self.engines, self.base = engines, str(base_model_path)
+    def __init__(self, cfg: Config, engines: list[SyncEngineClient]):
+        self.engines = engines
         self.dir = cfg.run_dir / "adapters"
         self.tp_size = cfg.serve.sglang.tp_size
         self.previous: int | None = None  # the version this sink published before the current one
@@ -270,8 +270,8 @@ def _unload(engine: SyncEngineClient, name: str) -> None:
 
 
 def _sink(cfg: Config, engines: list[SyncEngineClient], base_model_path: Path) -> WeightSink:
-    if cfg.lora.enabled and cfg.lora.sync == "adapter":
-        return AdapterSink(cfg, engines, base_model_path)
+    if cfg.lora.serves_adapters:
+        return AdapterSink(cfg, engines)
     if cfg.trainer.weight_sync == "nccl":
         return NcclSink(cfg)
     if cfg.trainer.weight_sync == "http":

@@ -202,11 +202,12 @@ class Totals:
             count[s.adapter_slot] += 1
         return cls(dict(tokens), dict(count))
 
-    def per_token(self, samples: list[Sample]) -> tuple[Tensor, Tensor]:
-        """The token and sample totals of each response token's slot."""
-        tokens = [float(self.tokens[s.adapter_slot]) for s in samples for _ in range(s.response_len)]
-        count = [float(self.samples[s.adapter_slot]) for s in samples for _ in range(s.response_len)]
-        return torch.tensor(tokens), torch.tensor(count)
+    def per_token(self, samples: list[Sample], sample_index: Tensor) -> tuple[Tensor, Tensor]:
+        """The token and sample totals of each response token's slot (`sample_index`: each token's sample)."""
+        dev = sample_index.device
+        tokens = torch.tensor([float(self.tokens[s.adapter_slot]) for s in samples], device=dev)
+        count = torch.tensor([float(self.samples[s.adapter_slot]) for s in samples], device=dev)
+        return tokens[sample_index], count[sample_index]
 
 
 def micro_batch_loss(policy: Policy, samples: list[Sample], plan: BatchPlan, algo: AlgoConfig, totals: Totals,
@@ -235,7 +236,7 @@ def micro_batch_loss(policy: Policy, samples: list[Sample], plan: BatchPlan, alg
     pg, low, high, dual = ppo_clipped_token_loss(logp, old_lp, adv, algo.eps_clip_low, algo.eps_clip_high, algo.dual_clip)
     tis = truncated_importance_weights(old_lp, rollout, algo.tis_cap) if algo.tis_cap else torch.ones_like(pg)
     tokens_per_sample = torch.tensor([float(sum(s.loss_mask)) for s in samples], device=dev)
-    total_tokens, total_samples = (t.to(dev) for t in totals.per_token(samples))
+    total_tokens, total_samples = totals.per_token(samples, idx)
     weights = aggregation_weights(idx, mask, algo.loss_aggregation, total_tokens, total_samples, tokens_per_sample)
     loss = (pg * tis * weights).sum()
     sums.add("pg_loss", loss.detach())

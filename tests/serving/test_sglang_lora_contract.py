@@ -84,7 +84,7 @@ def test_the_adapter_sink_loads_versions_falls_back_to_disk_and_unloads_the_olde
     cfg = load_config(None, [f"run.dir={tmp_path}", "lora.enabled=true", "lora.per_user=true", "lora.slots=2",
                              "serve.backend=sglang", "judge.teacher=frozen"])
     engines = [SyncEngineClient(near.url), SyncEngineClient(far.url)]
-    sink = AdapterSink(cfg, engines, tmp_path / "base")
+    sink = AdapterSink(cfg, engines)
     try:
         for version in (1, 2, 3):
             sink.push_adapters({0: TENSORS, 1: TENSORS}, CONFIG, version)
@@ -111,7 +111,7 @@ def test_the_sink_replaces_a_leftover_adapter_once_and_outlives_a_slow_unload(fl
     client = SyncEngineClient(stuck.url)
     try:
         with pytest.raises(EngineError, match="already loaded"):
-            AdapterSink(cfg, [client], tmp_path / "base").push_adapters({0: TENSORS}, CONFIG, 1)
+            AdapterSink(cfg, [client]).push_adapters({0: TENSORS}, CONFIG, 1)
     finally:
         client.close()
     tries = [e for e in log.events if e[1] == "A" and e[2] == "/load_lora_adapter_from_tensors"]
@@ -119,7 +119,7 @@ def test_the_sink_replaces_a_leftover_adapter_once_and_outlives_a_slow_unload(fl
 
     client = SyncEngineClient(slow.url, timeout_s=0.3)  # its unloads outlast the client's patience
     try:
-        sink = AdapterSink(cfg, [client], tmp_path / "base")
+        sink = AdapterSink(cfg, [client])
         for version in (1, 2, 3, 4):  # from version 3 on, each publish unloads a stale version, and times out
             sink.push_adapters({0: TENSORS}, CONFIG, version)
     finally:
