@@ -32,8 +32,9 @@ from clawr1.devtools import LoopProcess, local_config  # noqa: E402
 from clawr1.engine_api.client import SyncEngineClient  # noqa: E402
 from clawr1.engine_api.lora import adapter_name, load_from_tensors_payload  # noqa: E402
 from clawr1.model_path import resolve_model_path  # noqa: E402
+from clawr1.serving.adapters import LORA_MODULES  # noqa: E402
 
-MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+MODULES = LORA_MODULES
 
 
 def full_state_bytes(model_dir: Path) -> bytes:

@@ -141,6 +141,34 @@ def evaluate(runner: Runner, chosen: dict[str, Choice], accuracies: list[float],
     return rows, results
 
 
+def compare_groups(runner: Runner, chosen: dict[str, Choice], size: int, accuracy: float, users: list[int],
+                   seeds: list[int]) -> list[str]:
+    """Markdown rows: each RL recipe's chosen settings with GRPO groups of `size` (rollout.env_args.group_size and
+    pool.group_size) against the same without, on the evaluation pairs in the realistic setting."""
+    rows = [f"| recipe | pairs | without groups: final, area | groups of {size}: final, area "
+            "| groups − none, final [95% CI] | groups − none, area [95% CI] |", "|---|---|---|---|---|---|"]
+    grouped_overrides = (f"rollout.env_args.group_size={size}", f"pool.group_size={size}")
+    for recipe in (r for r in ("binary_rl", "combined") if r in chosen):
+        plain, grouped = chosen[recipe], Choice(recipe, chosen[recipe].overrides + grouped_overrides)
+        both = [(runner.outcome(plain, accuracy, "realistic", u, s), runner.outcome(grouped, accuracy, "realistic", u, s))
+                for u in users for s in seeds]
+        both = [(a, b) for a, b in both if a is not None and b is not None]
+        if not both:
+            continue
+        without, grouped_runs = [a for a, _ in both], [b for _, b in both]
+        cells = []
+        for metric in ("final", "area"):
+            mean, lo, hi = paired_bootstrap([getattr(o, metric) for o in grouped_runs],
+                                            [getattr(o, metric) for o in without])
+            cells.append(f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+
+        def means(runs: list[Outcome]) -> str:
+            return f"{statistics.fmean(o.final for o in runs):.3f}, {statistics.fmean(o.area for o in runs):.3f}"
+
+        rows.append(f"| {plain.label} | {len(both)} | {means(without)} | {means(grouped_runs)} | {cells[0]} | {cells[1]} |")
+    return rows
+
+
 def ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",")]
 
@@ -158,6 +186,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eval-seeds", default="10,11")
     g.add_argument("--settings", default=",".join(SETTINGS), help="realistic and/or oracle")
     g.add_argument("--report-only", action="store_true", help="run nothing: summarize the finished runs")
+    g.add_argument("--groups", type=int, default=0,
+                   help="also compare GRPO groups of this size with none (binary_rl, combined; tuning accuracy)")
 
 
 def check_users(tuning: list[int], evaluation: list[int]) -> None:
@@ -185,6 +215,10 @@ def main(args: argparse.Namespace) -> int:
     else:
         eval_rows, results = evaluate(runner, chosen, accuracies, args.settings.split(","),
                                       ints(args.eval_users), ints(args.eval_seeds))
+    if args.groups > 1 and eval_rows:
+        eval_rows += ["", f"### GRPO groups of {args.groups}", "",
+                      *compare_groups(runner, chosen, args.groups, args.tune_accuracy, ints(args.eval_users),
+                                      ints(args.eval_seeds))]
     text = "\n".join(["## Tuning", "", *tuning_rows, "", "## Evaluation", "", *eval_rows]) + "\n"
     runner.out.mkdir(parents=True, exist_ok=True)
     (runner.out / "fair-summary.md").write_text(text)

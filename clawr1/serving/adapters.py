@@ -23,7 +23,9 @@ from typing import Any, Iterator, Optional
 import torch
 from torch import Tensor
 
-LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+from clawr1.engine_api.lora import HF_MODULES_OF_TARGET
+
+LORA_MODULES = tuple(m for modules in HF_MODULES_OF_TARGET.values() for m in modules)  # q_proj, ..., down_proj
 _PEFT_PREFIX = "base_model.model."
 
 

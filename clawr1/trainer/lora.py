@@ -37,7 +37,6 @@ from clawr1.trainer.convert import ArchSpec, split_qkv
 TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 COLUMN_PARALLEL = {"linear_qkv", "linear_fc1"}
 _SUBMODULE = {"linear_qkv": "self_attention", "linear_proj": "self_attention", "linear_fc1": "mlp", "linear_fc2": "mlp"}
-HF_MODULES = HF_MODULES_OF_TARGET  # the HF modules each target becomes in PEFT's format
 _HF_PARENT = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
               "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
 
@@ -226,11 +225,11 @@ def peft_tensors(shards: list[dict[str, tuple[Tensor, Tensor]]], arch: ArchSpec,
                     split = [split_qkv(b, arch, arch.kv_heads // tp) for _, b in parts]
                 else:
                     split = [b.chunk(2, dim=0) for _, b in parts]
-                bs = [torch.cat([p[j] for p in split], dim=0) for j in range(len(HF_MODULES[target]))]
+                bs = [torch.cat([p[j] for p in split], dim=0) for j in range(len(HF_MODULES_OF_TARGET[target]))]
             else:
                 a = torch.cat([p[0] for p in parts], dim=1)
                 bs = [parts[0][1]]
-            for hf_name, b in zip(HF_MODULES[target], bs):
+            for hf_name, b in zip(HF_MODULES_OF_TARGET[target], bs):
                 prefix = f"base_model.model.model.layers.{layer}.{_HF_PARENT[hf_name]}.{hf_name}"
                 out[f"{prefix}.lora_A.weight"] = a.contiguous().clone()
                 out[f"{prefix}.lora_B.weight"] = b.contiguous().clone()
@@ -241,7 +240,7 @@ def peft_config(shape: LoraShape, base_model: str) -> dict:
     return {
         "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
         "r": shape.rank, "lora_alpha": shape.alpha, "lora_dropout": 0.0, "bias": "none",
-        "target_modules": sorted(m for t in shape.targets for m in HF_MODULES[t]),
+        "target_modules": sorted(m for t in shape.targets for m in HF_MODULES_OF_TARGET[t]),
         "fan_in_fan_out": False, "use_rslora": False, "use_dora": False, "init_lora_weights": True,
         "inference_mode": True,
     }

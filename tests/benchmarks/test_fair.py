@@ -63,3 +63,15 @@ def test_evaluation_users_must_be_new_people():
     fair.check_users([0, 1, 2, 3], [1001, 1002, 1004, 1005])
     with pytest.raises(SystemExit, match="user 1000 has the profile of user 3"):
         fair.check_users([0, 1, 2, 3], [1001, 1000])
+
+
+def test_groups_are_compared_pair_by_pair_with_the_same_settings_without(tmp_path):
+    runner = fair.Runner(args(tmp_path))
+    chosen = {"combined": fair.Choice("combined", ("trainer.lr=2e-4",))}
+    grouped = fair.Choice("combined", ("trainer.lr=2e-4", "rollout.env_args.group_size=4", "pool.group_size=4"))
+    for user, plain_final in ((1001, 0.2), (1002, 0.6)):
+        finish(runner, chosen["combined"], 0.7, "realistic", user, 10, [0.0, plain_final])
+        finish(runner, grouped, 0.7, "realistic", user, 10, [0.0, plain_final + 0.1])
+    rows = fair.compare_groups(runner, chosen, 4, 0.7, [1001, 1002], [10])
+    assert rows[2] == ("| combined lr=2e-4 | 2 | 0.400, 0.200 | 0.500, 0.250 | +0.100 [+0.100, +0.100] "
+                       "| +0.050 [+0.050, +0.050] |")

@@ -16,7 +16,8 @@ import torch.distributed as dist
 from clawr1.config import AlgoConfig, TrainerConfig
 from clawr1.protocol import Sample
 from clawr1.trainer.convert import fuse_qkv
-from clawr1.trainer.lora import HF_MODULES, LoraAdapters, LoraShape, full_shape, peft_tensors
+from clawr1.engine_api.lora import HF_MODULES_OF_TARGET
+from clawr1.trainer.lora import LoraAdapters, LoraShape, full_shape, peft_tensors
 from clawr1.trainer.megatron_setup import init_parallel
 from clawr1.trainer.model import build_policy, full_logits, pack
 from clawr1.trainer.optim import SlotAdamW
@@ -32,7 +33,7 @@ def hf_b(arch, target: str, rank: int, gen: torch.Generator) -> list[torch.Tenso
         rows = [arch.ffn, arch.ffn]
     else:
         rows = [out_f]
-    assert len(rows) == len(HF_MODULES[target])
+    assert len(rows) == len(HF_MODULES_OF_TARGET[target])
     return [torch.randn(n, rank, generator=gen) * 0.02 for n in rows]
 
 
