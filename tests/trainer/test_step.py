@@ -79,3 +79,39 @@ def test_opd_compares_the_student_at_the_temperature_the_teacher_was_scored_at(t
         s.teacher_temperature = 0.7  # mislabelled: now the gap is the temperature's, not the hint's
     stats = train_step(policy, RecordingOptimizer(policy.model), samples, algo, 100_000)
     assert stats["adv_opd_std"] > 1e-2
+
+
+def test_the_personal_envs_groups_get_group_normalized_advantages():
+    """A grouped episode of the personal env, turned into Samples as the judge makes them (an ungrouped turn is
+    its own group), gets GRPO advantages per question's first answers and the EMA baseline for retries."""
+    import asyncio
+    import random
+
+    from clawr1.protocol import Sample
+    from clawr1.trainer.step import plan_batch
+    from envs.personal.env import PersonalEnv
+    from envs.personal.preferences import render_answer
+    from envs.personal.questions import Question
+    from tests.envs.test_personal import GroupAgent
+
+    env = PersonalEnv({"kinds": ["format"], "questions_per_session": 2, "implicit_rate": 0.0, "group_size": 4,
+                       "max_corrections": 1})
+    good = render_answer(Question("q", 1, 1, "g"), {"format": env.profile["format"], "units": "symbol",
+                                                    "tone": "none", "length": "short", "closing": "none"})
+    agent = GroupAgent(good, {"s-0"})
+    asyncio.run(env.episode(agent, "s", random.Random(0)))
+    samples = []
+    for i, (session, group, _, _) in enumerate(agent.calls):
+        sid = f"{session}/{i}"
+        samples.append(Sample(sample_id=sid, group_id=group or sid, tokens=[1, 2, 3], prompt_len=2, loss_mask=[1],
+                              rollout_logprobs=[-1.0], versions=[0], reward=1.0 if session == "s-0" else -1.0))
+    plan, _ = plan_batch(samples, AlgoConfig(), 0, {"": 0.5})  # the task's running mean reward so far: 0.5
+    by_group: dict[str, list[float]] = {}
+    for s in samples:
+        by_group.setdefault(s.group_id, []).append(plan.rl_advantage[s.sample_id])
+    assert sorted(len(v) for k, v in by_group.items() if k in ("s-q0", "s-q1")) == [4, 4]
+    for question in ("s-q0", "s-q1"):  # one good answer of four: it leads, the three others share the rest
+        values = by_group[question]
+        assert sum(values) == pytest.approx(0.0, abs=1e-9) and values[0] > 0 and len(set(values[1:])) == 1
+    retries = [plan.rl_advantage[s.sample_id] for s in samples if s.group_id == s.sample_id]
+    assert retries == [-1.5] * 6  # the three bad sessions' retries: reward -1 against the EMA baseline 0.5
