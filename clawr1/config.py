@@ -326,6 +326,11 @@ class AlgoConfig(Section):
     # none: the raw gap, as OpenClaw-RL; opd_clip > 0 bounds every token's OPD advantage to [-opd_clip, opd_clip]
     opd_center: Literal["none", "sample"] = "none"
     opd_clip: NonNegativeFloat = 0.0
+    # signal: OPD is switched off while the teacher's summed gap does not sort the judge's scores better than
+    # chance (AUC over the last opd_gate_window scored samples with a hint, two standard errors): a teacher that
+    # misreads the hints (wordings it never learned) would push the wrong way (clawr1/algo/advantages.opd_gate)
+    opd_gate: Literal["off", "signal"] = "off"
+    opd_gate_window: PositiveInt = 256
     # scalar-reward baseline: group (GRPO: minus the group mean, / std if normalize_std) | none (raw reward)
     baseline: Literal["group", "none"] = "group"
     normalize_std: bool = True

@@ -6,6 +6,9 @@ the sample token t belongs to.
 """
 from __future__ import annotations
 
+import math
+from typing import Optional
+
 import torch
 from torch import Tensor
 
@@ -93,3 +96,28 @@ def clip_advantages(advantages: Tensor, limit: float) -> Tensor:
 def combined_token_advantages(rl: Tensor, opd: Tensor, w_rl: float, w_opd: float) -> Tensor:
     """A = w_rl * A_rl + w_opd * A_opd."""
     return w_rl * rl + w_opd * opd
+
+
+def signal_auc(gaps: list[float], rewards: list[float]) -> tuple[Optional[float], int]:
+    """How well the teacher's summed gap sorts the judge's positives above its negatives: the AUC (ties count
+    half; None without both classes) and the smaller class's size."""
+    pos = [g for g, r in zip(gaps, rewards) if r > 0]
+    neg = [g for g, r in zip(gaps, rewards) if r < 0]
+    if not pos or not neg:
+        return None, 0
+    wins = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg)
+    return wins / (len(pos) * len(neg)), min(len(pos), len(neg))
+
+
+def opd_gate(gaps: list[float], rewards: list[float], min_class: int = 16) -> float:
+    """1.0 while OPD's signal agrees with the judge's scores, or too little is known to tell; 0.0 once the AUC of
+    the teacher's summed gap against the scores is not above chance by two standard errors.
+
+    A teacher that does not understand the hints (worded as it never learned) pushes tokens at random or the
+    wrong way; the scalar rewards, noisy as they are, show it. The standard error is the conservative
+    sqrt(AUC (1 - AUC) / n) of the smaller class.
+    """
+    auc, n = signal_auc(gaps, rewards)
+    if auc is None or n < min_class:
+        return 1.0
+    return 1.0 if auc - 2 * math.sqrt(max(auc * (1 - auc), 1e-12) / n) > 0.5 else 0.0

@@ -34,7 +34,7 @@ from clawr1.trainer.model import Policy, build_policy
 from clawr1.trainer.lora import LoraAdapters, LoraShape, peft_config
 from clawr1.trainer.optim import MegatronDistributedAdam, SlotAdamW, TorchAdamW, wrap_ddp
 from clawr1.trainer.publish import WeightPublisher, gather_adapters, gather_hf_state
-from clawr1.trainer.step import train_step
+from clawr1.trainer.step import OpdSignalWindow, train_step
 
 log = logging.getLogger("clawr1.trainer")
 
@@ -157,6 +157,9 @@ class Trainer:
         self.step = self.last_batch_id = 0
         self.checkpointed_step = 0  # the newest step a checkpoint holds
         self.baselines: dict[str, float] = {}  # per-task EMA reward baselines (algo.singleton_baseline=ema)
+        # algo.opd_gate=signal: recent samples' teacher gaps and scores (not checkpointed: refilled after a resume)
+        gate = cfg.algo.opd_gate == "signal"
+        self.opd_signal = OpdSignalWindow(cfg.algo.opd_gate_window) if gate else None
         self.ref_policy = None
         if cfg.algo.kl_coef:  # the frozen initial policy, for the KL regularizer
             self.ref_policy = build_policy(self.model_path, par.tp, par.tp_rank, dtype=self.policy.model.config.params_dtype,
@@ -232,7 +235,7 @@ class Trainer:
         t0 = time.monotonic()
         stats = train_step(self.policy, self.optimizer, batch.samples, self.cfg.algo, t.max_tokens_per_microbatch,
                            t.logprob_chunk_tokens, self.par.dp_rank, self.par.dp, trainer_version=self.version,
-                           baselines=self.baselines, ref_policy=self.ref_policy)
+                           baselines=self.baselines, ref_policy=self.ref_policy, opd_signal=self.opd_signal)
         train_s = time.monotonic() - t0
         trained_at = self.version
         self.step += 1

@@ -13,7 +13,7 @@ each user's update is the one their samples alone would give.
 """
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -21,7 +21,8 @@ import torch
 from torch import Tensor
 
 from clawr1.algo.advantages import (center_per_sample, clip_advantages, combined_token_advantages, ema_advantages,
-                                    grpo_advantages, opd_token_advantages, rl_token_advantages)
+                                    grpo_advantages, opd_gate, opd_token_advantages, rl_token_advantages,
+                                    signal_auc)
 from clawr1.algo.losses import (aggregation_weights, kl_estimate, ppo_clipped_token_loss, topk_reverse_kl,
                                 truncated_importance_weights)
 from clawr1.config import AlgoConfig
@@ -54,6 +55,27 @@ class BatchPlan:
     dropped_stale: int
     staleness: Counter
     dropped_no_slot: int = 0  # samples naming an adapter slot this trainer does not have
+    opd_weight: float = 1.0  # algo.opd_gate: 0 while the teacher's signal disagrees with the scores
+
+
+class OpdSignalWindow:
+    """The last `size` scored samples with a teacher: (summed teacher - rollout log-prob gap, score), for
+    algo.opd_gate=signal. Every rank sees the whole batch, so every rank holds the same window."""
+
+    def __init__(self, size: int):
+        self.pairs: deque[tuple[float, float]] = deque(maxlen=size)
+
+    def add(self, samples: list[Sample]) -> None:
+        for s in samples:
+            if s.teacher_logprobs is not None and s.reward:
+                gap = sum(t - r for t, r, m in zip(s.teacher_logprobs, s.rollout_logprobs, s.loss_mask) if m)
+                self.pairs.append((gap, s.reward))
+
+    def gate(self) -> float:
+        return opd_gate([g for g, _ in self.pairs], [r for _, r in self.pairs])
+
+    def auc(self) -> Optional[float]:
+        return signal_auc([g for g, _ in self.pairs], [r for _, r in self.pairs])[0]
 
 
 def baseline_key(s: Sample) -> str:
@@ -232,7 +254,7 @@ def micro_batch_loss(policy: Policy, samples: list[Sample], plan: BatchPlan, alg
     if algo.opd_center == "sample":
         a_opd = center_per_sample(a_opd, idx, has_teacher)
     a_opd = clip_advantages(a_opd, algo.opd_clip)
-    adv = combined_token_advantages(a_rl, a_opd, algo.w_rl, algo.w_opd)
+    adv = combined_token_advantages(a_rl, a_opd, algo.w_rl, algo.w_opd * plan.opd_weight)
     pg, low, high, dual = ppo_clipped_token_loss(logp, old_lp, adv, algo.eps_clip_low, algo.eps_clip_high, algo.dual_clip)
     tis = truncated_importance_weights(old_lp, rollout, algo.tis_cap) if algo.tis_cap else torch.ones_like(pg)
     tokens_per_sample = torch.tensor([float(sum(s.loss_mask)) for s in samples], device=dev)
@@ -302,13 +324,18 @@ def minibatch_shards(samples: list[Sample], minibatches: int, dp_rank: int,
 
 def train_step(policy: Policy, optimizer, samples: list[Sample], algo: AlgoConfig, max_tokens_per_microbatch: int,
                chunk_tokens: int = 1024, dp_rank: int = 0, dp: int = 1, trainer_version: int = 0,
-               baselines: Optional[dict[str, float]] = None, ref_policy: Optional[Policy] = None) -> dict[str, Any]:
-    """One trainer step on the whole batch; with dp > 1, this rank works on its share. Updates `baselines`."""
+               baselines: Optional[dict[str, float]] = None, ref_policy: Optional[Policy] = None,
+               opd_signal: Optional[OpdSignalWindow] = None) -> dict[str, Any]:
+    """One trainer step on the whole batch; with dp > 1, this rank works on its share. Updates `baselines` (and
+    `opd_signal`, the window algo.opd_gate reads)."""
     baselines = {} if baselines is None else baselines
     slots = policy.lora.shape.slots if policy.lora is not None else 1
     plan, new_baselines = plan_batch(samples, algo, trainer_version, baselines, slots)
     baselines.clear()
     baselines.update(new_baselines)
+    if opd_signal is not None:
+        opd_signal.add(plan.samples)
+        plan.opd_weight = opd_signal.gate()
     shards = minibatch_shards(plan.samples, algo.minibatches, dp_rank, dp)
     passes = algo.ppo_epochs * algo.minibatches
     # with several optimizer steps per batch, the ratio is against the policy from before the first one;
@@ -324,7 +351,10 @@ def train_step(policy: Policy, optimizer, samples: list[Sample], algo: AlgoConfi
                 loss.backward()
             # every rank steps, with or without samples (it joins the all-reduces); LoRA: the slots with data
             opt = optimizer.step(slots=totals.tokens) if isinstance(optimizer, SlotAdamW) else optimizer.step()
-    return _report(plan, samples, sums, opt, passes, dp)
+    stats = _report(plan, samples, sums, opt, passes, dp)
+    if opd_signal is not None:
+        stats.update(opd_gate=plan.opd_weight, opd_signal_auc=opd_signal.auc())
+    return stats
 
 
 def _report(plan: BatchPlan, samples: list[Sample], sums: Sums, opt: dict, passes: int, dp: int) -> dict[str, Any]:

@@ -73,3 +73,29 @@ def test_opd_centring_per_sample_and_clipping_by_hand():
     assert abs(float(out[:3].sum())) < 1e-6  # a uniformly less confident teacher no longer penalizes length
     assert clip_advantages(torch.tensor([-5.0, 0.5, 9.0]), 2.0).tolist() == [-2.0, 0.5, 2.0]
     assert clip_advantages(torch.tensor([-5.0]), 0.0).tolist() == [-5.0]
+
+
+def test_signal_auc_counts_ties_half():
+    from clawr1.algo.advantages import signal_auc
+
+    assert signal_auc([3.0, 1.0, 2.0, 0.0], [1, -1, 1, -1]) == (1.0, 2)
+    assert signal_auc([1.0, 1.0], [1, -1]) == (0.5, 1)
+    assert signal_auc([1.0, 2.0], [1, 1]) == (None, 0)  # one class: nothing to sort
+
+
+def test_opd_gate_closes_only_on_evidence_that_the_teacher_disagrees_with_the_scores():
+    import random
+
+    from clawr1.algo.advantages import opd_gate
+
+    rng = random.Random(0)
+    rewards = [rng.choice((1.0, -1.0)) for _ in range(200)]
+    agreeing = [r + rng.gauss(0, 1.0) for r in rewards]  # AUC about 0.92
+    random_gaps = [rng.gauss(0, 1.0) for _ in rewards]
+    inverted = [-g for g in agreeing]
+    assert opd_gate(agreeing, rewards) == 1.0
+    assert opd_gate(random_gaps, rewards) == 0.0 and opd_gate(inverted, rewards) == 0.0
+    assert opd_gate(inverted[:20], rewards[:20]) == 1.0  # under 16 of a class: too little to tell, OPD stays on
+    # a judge flipping 30% of its scores blurs a good teacher's AUC toward 0.5, but 200 samples still show it
+    noisy = [-r if rng.random() < 0.3 else r for r in rewards]
+    assert opd_gate(agreeing, noisy) == 1.0

@@ -115,3 +115,23 @@ def test_the_personal_envs_groups_get_group_normalized_advantages():
         assert sum(values) == pytest.approx(0.0, abs=1e-9) and values[0] > 0 and len(set(values[1:])) == 1
     retries = [plan.rl_advantage[s.sample_id] for s in samples if s.group_id == s.sample_id]
     assert retries == [-1.5] * 6  # the three bad sessions' retries: reward -1 against the EMA baseline 0.5
+
+
+def test_a_closed_opd_gate_trains_as_if_w_opd_were_zero(tiny_model, megatron_tp1):
+    from clawr1.trainer.model import build_policy
+    from clawr1.trainer.step import OpdSignalWindow, train_step
+
+    policy = build_policy(tiny_model)
+    samples = synthetic_samples(10, seed=7)
+    disagreeing = OpdSignalWindow(64)
+    disagreeing.pairs.extend([(-5.0, 1.0)] * 20 + [(5.0, -1.0)] * 20)  # the teacher prefers what the judge scores down
+    runs = {}
+    for name, algo, window in (("gated", AlgoConfig(w_opd=1.0, opd_gate="signal"), disagreeing),
+                               ("no opd", AlgoConfig(w_opd=0.0), None), ("opd", AlgoConfig(w_opd=1.0), None)):
+        opt = RecordingOptimizer(policy.model)
+        stats = train_step(policy, opt, samples, algo, 100_000, opd_signal=window)
+        runs[name] = (stats, opt.grads)
+    gated, no_opd, opd = runs["gated"], runs["no opd"], runs["opd"]
+    assert gated[0]["opd_gate"] == 0.0 and gated[0]["opd_signal_auc"] < 0.1
+    assert max((gated[1][k] - no_opd[1][k]).abs().max().item() for k in no_opd[1]) == 0.0
+    assert max((opd[1][k] - no_opd[1][k]).abs().max().item() for k in no_opd[1]) > 1e-4  # OPD does move it
