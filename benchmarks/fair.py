@@ -131,8 +131,8 @@ def evaluate(runner: Runner, chosen: dict[str, Choice], accuracies: list[float],
                                 "area_std": round(sample_std(areas), 4), "pairs": len(runs)}
                 rows.append(f"| {accuracy:g} | {setting} | {chosen[r].label} | {statistics.fmean(finals):.3f} ± "
                             f"{sample_std(finals):.3f} | {statistics.fmean(areas):.3f} ± {sample_std(areas):.3f} | "
-                            f"{len(runs)}/{len(pairs)} | {final_cmp or ''} | {area_cmp or ''} |")
-                final_cmp = area_cmp = None  # once per accuracy and setting
+                            f"{len(runs)}/{len(pairs)} | {final_cmp if r == 'combined' else ''} | "
+                            f"{area_cmp if r == 'combined' else ''} |")
             results[f"{setting}/acc{accuracy:g}/interval_final"] = compare(outcomes, "final")
             results[f"{setting}/acc{accuracy:g}/interval_area"] = compare(outcomes, "area")
             plot_bands({chosen[r].label: [o.curve for o in runs] for r, runs in outcomes.items()},
