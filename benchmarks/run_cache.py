@@ -2,7 +2,8 @@
 
 A name ends in 8 hex digits of the sha256 of the run's resolved config (the recipe with everything it
 includes, the defaults, and the overrides; `run.dir` left out): a sweep with other overrides, or an edited
-recipe, gets new directories instead of silently reporting another sweep's runs.
+recipe, gets new directories instead of silently reporting another sweep's runs. Conservative by design: a new
+config field, even one left at its default, renames every run, so runs made before it are run again.
 """
 from __future__ import annotations
 
