@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import random
 import socket
 import typing
 from pathlib import Path
@@ -692,24 +693,52 @@ def save_config(cfg: Config, path: str | os.PathLike) -> None:
     Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
+def ephemeral_port_range() -> tuple[int, int]:
+    """The ports the kernel hands to outgoing connections (Linux's ip_local_port_range; its default elsewhere)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_port(host: str = "127.0.0.1", avoid: typing.Collection[int] = ()) -> int:
+    """A port free to listen on, below the ephemeral range where it can be: a port the kernel would give out
+    (bind to 0) may be taken by any process's outgoing connection before the loop that was promised it binds it,
+    which failed runs with "address already in use". `avoid`: ports promised already (not yet bound)."""
+    low, _ = ephemeral_port_range()
+    candidates = random.Random().sample(range(20000, low), min(64, max(low - 20000, 0)))
+    for port in (p for p in candidates if p not in avoid):
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # no range below the ephemeral one (or all of it taken): the kernel's choice
         s.bind((host, 0))
         return s.getsockname()[1]
 
 
 def assign_free_ports(cfg: Config) -> Config:
-    """Give every port left at 0 a free one, so a whole run can start on a busy machine."""
+    """Give every port left at 0 a free one, each a different one, so a whole run can start on a busy machine."""
+    promised: set[int] = set()
+
+    def port() -> int:
+        chosen = free_port(avoid=promised)
+        promised.add(chosen)
+        return chosen
+
     for section, name in [
         (cfg.serve, "port"), (cfg.gateway, "port"), (cfg.gateway, "acks_port"), (cfg.pool, "samples_port"),
         (cfg.pool, "batches_port"), (cfg.trainer, "publish_port"), (cfg.judge, "port"),
     ]:
         if getattr(section, name) == 0:
-            setattr(section, name, free_port())
+            setattr(section, name, port())
     while len(cfg.serve.extra_ports) < cfg.serve.num_engines - 1:
-        cfg.serve.extra_ports.append(free_port())
+        cfg.serve.extra_ports.append(port())
     if cfg.judge.runs_own_teacher and not cfg.judge.teacher_port:
-        cfg.judge.teacher_port = free_port()
+        cfg.judge.teacher_port = port()
     if cfg.judge.runs_own_prm and not cfg.judge.prm_port:
-        cfg.judge.prm_port = free_port()
+        cfg.judge.prm_port = port()
     return cfg

@@ -20,7 +20,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -36,7 +35,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from clawr1 import placement
-from clawr1.config import Config, save_config, to_dict
+from clawr1.config import Config, free_port, save_config, to_dict
 from clawr1.engine_api.client import final_weight_version
 from clawr1.engine_api.lora import published_adapters
 from clawr1.placement import LoopSpec, Node, PlacementRefused
@@ -131,16 +130,11 @@ class LoopHost:
 
 
 def _ports(host: str, wanted: list[int]) -> list[int]:
-    """`wanted` with each 0 replaced by a distinct free port on `host` (all held open until all are chosen)."""
-    sockets = [socket.socket() for p in wanted if not p]
-    try:
-        for s in sockets:
-            s.bind((host, 0))
-        free = iter([s.getsockname()[1] for s in sockets])
-        return [p or next(free) for p in wanted]
-    finally:
-        for s in sockets:
-            s.close()
+    """`wanted` with each 0 replaced by a distinct free port on `host` (config.free_port: below the ephemeral range)."""
+    chosen: list[int] = []
+    for p in wanted:
+        chosen.append(p or free_port(host, avoid=[*wanted, *chosen]))
+    return chosen
 
 
 # ---------------------------------------------------------------- the driver

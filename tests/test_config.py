@@ -134,3 +134,26 @@ def test_the_lora_users_recipe_is_combined_with_one_adapter_per_user():
 def test_contradictory_lora_settings_are_refused(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(REPO / "recipes/combined/cpu.yaml", overrides)
+
+
+def test_free_ports_are_distinct_listenable_and_below_the_ephemeral_range():
+    """A port the kernel would hand out (bind to 0) can go to any process's outgoing connection before the loop
+    it was promised to binds it ("address already in use"): ports come from below that range."""
+    import socket
+
+    from clawr1.config import assign_free_ports, ephemeral_port_range, free_port
+
+    low, _ = ephemeral_port_range()
+    cfg = assign_free_ports(load_config(None, ["serve.num_engines=3", "judge.teacher=frozen"]))
+    ports = [cfg.serve.port, cfg.gateway.port, cfg.gateway.acks_port, cfg.pool.samples_port, cfg.pool.batches_port,
+             cfg.trainer.publish_port, cfg.judge.port, *cfg.serve.extra_ports, cfg.judge.teacher_port]
+    assert len(set(ports)) == len(ports) == 10 and all(0 < p < low for p in ports)
+    for p in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))
+    held = socket.socket()
+    held.bind(("127.0.0.1", free_port()))
+    try:
+        assert free_port(avoid=[1]) != held.getsockname()[1]  # a port in use is skipped
+    finally:
+        held.close()
