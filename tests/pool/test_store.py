@@ -93,6 +93,9 @@ def test_groups_are_batched_whole_and_only_when_complete_or_timed_out(tmp_path):
     assert [s.sample_id for s in b.samples] == ["s0", "s2", "s4"]  # all of group a, never split, over the size
     now[0] = 200.0  # group b waited past the timeout
     assert [s.sample_id for s in pool.next_batch(req(1, size=2)).samples] == ["s1", "s3"]
+    # a sample naming no group (its group id is its own id) is complete alone: it does not wait for the timeout
+    pool.add([grouped(5, "s5", 199), grouped(6, "c", 199), grouped(7, "s7", 199)])
+    assert [s.sample_id for s in pool.next_batch(req(2, size=2)).samples] == ["s5", "s7"]
 
 
 def test_ingested_logs_are_never_dropped_as_stale(tmp_path):
