@@ -38,7 +38,7 @@ class Choice:
 
     @property
     def label(self) -> str:
-        return " ".join([self.recipe, *(o.rsplit(".", 1)[-1] for o in self.overrides)])
+        return " ".join([self.recipe, *dict.fromkeys(o.rsplit(".", 1)[-1] for o in self.overrides)])
 
 
 @dataclass

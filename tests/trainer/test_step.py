@@ -4,7 +4,6 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
 
 from clawr1.config import AlgoConfig, TrainerConfig
 from clawr1.trainer.optim import lr_factor
