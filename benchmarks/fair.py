@@ -64,14 +64,14 @@ class Runner:
         a = self.args
         extra = [*choice.overrides, *a.overrides]
         path = run_dir(self.out, choice.recipe, accuracy, user, seed, a.steps, extra, a.recipe_file, setting)
-        if not (path / "summary.json").exists():
-            if a.report_only:
-                return None
-            took = run_one(path, choice.recipe, accuracy, user, seed, a.steps, extra, a.recipe_file, setting)
-            final, area = scores(path)
+        ran = not (path / "summary.json").exists()
+        if ran and a.report_only:
+            return None
+        took = run_one(path, choice.recipe, accuracy, user, seed, a.steps, extra, a.recipe_file, setting) if ran else 0
+        final, area = scores(path)
+        if ran:
             print(f"[fair] {setting} acc {accuracy:g} user {user} seed {seed} {choice.label}: final {final:.3f} "
                   f"area {area:.3f} ({took:.1f} min)", file=sys.stderr, flush=True)
-        final, area = scores(path)
         return Outcome(final, area, load_run(path).series["score"])
 
 
@@ -133,8 +133,8 @@ def evaluate(runner: Runner, chosen: dict[str, Choice], accuracies: list[float],
                             f"{sample_std(finals):.3f} | {statistics.fmean(areas):.3f} ± {sample_std(areas):.3f} | "
                             f"{len(runs)}/{len(pairs)} | {final_cmp if r == 'combined' else ''} | "
                             f"{area_cmp if r == 'combined' else ''} |")
-            results[f"{setting}/acc{accuracy:g}/interval_final"] = compare(outcomes, "final")
-            results[f"{setting}/acc{accuracy:g}/interval_area"] = compare(outcomes, "area")
+            results[f"{setting}/acc{accuracy:g}/interval_final"] = final_cmp
+            results[f"{setting}/acc{accuracy:g}/interval_area"] = area_cmp
             plot_bands({chosen[r].label: [o.curve for o in runs] for r, runs in outcomes.items()},
                        f"{setting}, judge accuracy {accuracy:g}: users {users}, seeds {seeds}",
                        runner.out / f"fair-bands-{setting}-acc{accuracy:g}.png")

@@ -22,18 +22,14 @@ import json
 import sys
 from typing import Any, Callable, Optional, Sequence
 
+from clawr1.algo.advantages import signal_auc
 from envs.personal.phrases import SYSTEM_PROMPT
 from envs.personal.preferences import Reader, Style, directive_text, parse_style, violations
 
 
 def auc(scores: Sequence[float], labels: Sequence[bool]) -> Optional[float]:
     """P(score of a positive > score of a negative), ties counting half; None with only one class."""
-    pos = [s for s, y in zip(scores, labels) if y]
-    neg = [s for s, y in zip(scores, labels) if not y]
-    if not pos or not neg:
-        return None
-    wins = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg)
-    return wins / (len(pos) * len(neg))
+    return signal_auc(list(scores), [1.0 if y else -1.0 for y in labels])[0]
 
 
 def uptake(plain: Sequence[str], hinted: Sequence[str], profile: Style,
