@@ -29,7 +29,8 @@ def run(run_dir, *extra: str) -> str:
 def test_two_users_train_their_own_adapters_in_one_run(tiny_model, tmp_path):
     run_dir = tmp_path / "run"
     run(run_dir, "run.max_steps=4")
-    assert json.loads((run_dir / "gateway" / "adapter_slots.json").read_text()) == {"u0": 0, "u1": 1}
+    slots = json.loads((run_dir / "gateway" / "adapter_slots.json").read_text())
+    assert set(slots) == {"u0", "u1"} and sorted(slots.values()) == [0, 1]  # in the order of their first main turns
     samples = list(read_samples(run_dir / "pool"))
     per_slot = Counter(s.adapter_slot for s in samples)
     assert set(per_slot) == {0, 1} and min(per_slot.values()) >= 0.3 * len(samples)  # episodes alternate users
