@@ -90,11 +90,22 @@ def build_policy(hf_path: str | Path, tp: int = 1, tp_rank: int = 0, dtype: torc
         max_sequence_length=a.max_positions, pre_process=True, post_process=True,
         share_embeddings_and_output_weights=a.tied, position_embedding_type="rope", rotary_base=int(a.rope_theta),
     )
+    cast_parameters(model, dtype)
     with torch.no_grad():
         model.rotary_pos_emb.inv_freq.copy_(hf_inv_freq(hf_config))
     state = hf_to_megatron(load_hf_state(Path(hf_path)), a, tp_rank, tp, padded_vocab=vocab)
     load_megatron_state(model, to_te_names(state) if use_te else state)
     return Policy(model=model, arch=a, hf_config=hf_config, tp=tp)
+
+
+def cast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Every parameter in `dtype`. Megatron's torch-norm fallback (no TransformerEngine, no Apex) makes its
+    norm weights in fp32 whatever params_dtype says; a bf16 model with fp32 norms publishes mixed dtypes
+    and breaks the distributed optimizer's parameter-state save (found on an H200). Buffers such as the
+    rotary inv_freq stay as they are."""
+    for param in model.parameters():
+        if param.dtype != dtype:
+            param.data = param.data.to(dtype)
 
 
 def load_megatron_state(model: torch.nn.Module, state: dict[str, Tensor]) -> None:

@@ -37,3 +37,16 @@ def test_megatron_model_holds_the_converted_weights(tiny_model, megatron_tp1):
     back = megatron_to_hf([megatron_state(policy.model)], policy.arch)
     hf = load_hf_state(tiny_model)
     assert all(torch.equal(hf[k], back[k]) for k in back)
+
+
+def test_bf16_model_has_bf16_parameters_and_publishes_bf16(tiny_model, megatron_tp1):
+    """Without TransformerEngine, megatron's torch-norm fallback makes fp32 norms in a bf16 model: the
+    published state then mixes dtypes and megatron's distributed optimizer fails to save its state."""
+    from clawr1.trainer.model import build_policy, megatron_state
+
+    policy = build_policy(tiny_model, dtype=torch.bfloat16, use_te=False)
+    assert {p.dtype for p in policy.model.parameters()} == {torch.bfloat16}
+    published = megatron_to_hf([megatron_state(policy.model)], policy.arch)
+    assert {t.dtype for t in published.values()} == {torch.bfloat16}
+    hf = load_hf_state(tiny_model)
+    assert all(torch.equal(hf[k].to(torch.bfloat16), published[k]) for k in published)
