@@ -46,6 +46,11 @@ class Outcome:
     final: float
     area: float
     curve: list[tuple[int, float]]
+    uptake: Optional[float] = None  # the teacher probe's hint uptake on the base model, mean over kinds
+
+
+# the fixes issue 33 names besides the uptake weight (which is measured: see `compare_fixes`)
+FIXES = (("OPD gate", ("algo.opd_gate=signal",)), ("balance std", ("algo.balance=std",)))
 
 
 def grid(recipe: str, lrs: list[str], teachers: list[str]) -> list[Choice]:
@@ -72,7 +77,10 @@ class Runner:
         if ran:
             print(f"[fair] {setting} acc {accuracy:g} user {user} seed {seed} {choice.label}: final {final:.3f} "
                   f"area {area:.3f} ({took:.1f} min)", file=sys.stderr, flush=True)
-        return Outcome(final, area, load_run(path).series["score"])
+        run = load_run(path)
+        first_probe = run.teacher.get(min(run.teacher)) if run.teacher else {}
+        uptakes = [v for k, v in first_probe.items() if k.startswith("uptake_")]
+        return Outcome(final, area, run.series["score"], statistics.fmean(uptakes) if uptakes else None)
 
 
 def tune(runner: Runner, recipes: list[str], lrs: list[str], teachers: list[str], accuracy: float,
@@ -155,18 +163,46 @@ def compare_groups(runner: Runner, chosen: dict[str, Choice], size: int, accurac
         both = [(a, b) for a, b in both if a is not None and b is not None]
         if not both:
             continue
-        without, grouped_runs = [a for a, _ in both], [b for _, b in both]
-        cells = []
-        for metric in ("final", "area"):
-            mean, lo, hi = paired_bootstrap([getattr(o, metric) for o in grouped_runs],
-                                            [getattr(o, metric) for o in without])
-            cells.append(f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}]")
-
-        def means(runs: list[Outcome]) -> str:
-            return f"{statistics.fmean(o.final for o in runs):.3f}, {statistics.fmean(o.area for o in runs):.3f}"
-
-        rows.append(f"| {plain.label} | {len(both)} | {means(without)} | {means(grouped_runs)} | {cells[0]} | {cells[1]} |")
+        rows.append(f"| {plain.label} | {paired_cells([b for _, b in both], [a for a, _ in both])} |")
     return rows
+
+
+def compare_fixes(runner: Runner, combined: Choice, accuracy: float, settings: list[str], users: list[int],
+                  seeds: list[int]) -> list[str]:
+    """Markdown rows: combined's chosen settings with each fix against the same without, on the tuning pairs.
+
+    The uptake weight sets w_opd to the teacher probe's measured hint uptake on the base model (mean over kinds
+    and the pairs' runs without a fix, clamped to [0, 1]): a teacher whose hints do not move it toward the wish
+    gets no weight."""
+    rows = ["| setting | fix | pairs | without: final, area | with: final, area | with − without, final [95% CI] "
+            "| with − without, area [95% CI] |", "|---|---|---|---|---|---|---|"]
+    pairs = [(u, s) for u in users for s in seeds]
+    for setting in settings:
+        plain = [runner.outcome(combined, accuracy, setting, u, s) for u, s in pairs]
+        if any(o is None for o in plain):
+            continue
+        uptakes = [o.uptake for o in plain if o.uptake is not None]
+        weight = min(max(statistics.fmean(uptakes), 0.0), 1.0) if uptakes else None
+        fixes = [*FIXES] + ([] if weight is None else [(f"w_opd = uptake {weight:.2f}", (f"algo.w_opd={weight:.2f}",))])
+        for name, overrides in fixes:
+            fixed = [runner.outcome(Choice(combined.recipe, combined.overrides + overrides), accuracy, setting, u, s)
+                     for u, s in pairs]
+            both = [(a, b) for a, b in zip(plain, fixed) if b is not None]
+            if both:
+                rows.append(f"| {setting} | {name} | {paired_cells([b for _, b in both], [a for a, _ in both])} |")
+    return rows
+
+
+def paired_cells(treated: list[Outcome], control: list[Outcome]) -> str:
+    """'pairs | control means | treated means | treated − control final [CI] | ... area [CI]' (cells of a row)."""
+    def means(runs: list[Outcome]) -> str:
+        return f"{statistics.fmean(o.final for o in runs):.3f}, {statistics.fmean(o.area for o in runs):.3f}"
+
+    cells = []
+    for metric in ("final", "area"):
+        mean, lo, hi = paired_bootstrap([getattr(o, metric) for o in treated], [getattr(o, metric) for o in control])
+        cells.append(f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+    return f"{len(treated)} | {means(control)} | {means(treated)} | {cells[0]} | {cells[1]}"
 
 
 def ints(text: str) -> list[int]:
@@ -188,6 +224,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--report-only", action="store_true", help="run nothing: summarize the finished runs")
     g.add_argument("--groups", type=int, default=0,
                    help="also compare GRPO groups of this size with none (binary_rl, combined; tuning accuracy)")
+    g.add_argument("--fixes", action="store_true",
+                   help="also run combined's chosen settings with each fix on the tuning pairs (tuning accuracy)")
 
 
 def check_users(tuning: list[int], evaluation: list[int]) -> None:
@@ -219,6 +257,10 @@ def main(args: argparse.Namespace) -> int:
         eval_rows += ["", f"### GRPO groups of {args.groups}", "",
                       *compare_groups(runner, chosen, args.groups, args.tune_accuracy, ints(args.eval_users),
                                       ints(args.eval_seeds))]
+    if args.fixes and "combined" in chosen:
+        tuning_rows += ["", f"### Fixes for combined, tuning users, judge accuracy {args.tune_accuracy:g}", "",
+                        *compare_fixes(runner, chosen["combined"], args.tune_accuracy, args.settings.split(","),
+                                       ints(args.tune_users), ints(args.tune_seeds))]
     text = "\n".join(["## Tuning", "", *tuning_rows, "", "## Evaluation", "", *eval_rows]) + "\n"
     runner.out.mkdir(parents=True, exist_ok=True)
     (runner.out / "fair-summary.md").write_text(text)

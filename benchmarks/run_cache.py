@@ -3,7 +3,9 @@
 A name ends in 8 hex digits of the sha256 of the run's resolved config (the recipe with everything it
 includes, the defaults, and the overrides; `run.dir` left out): a sweep with other overrides, or an edited
 recipe, gets new directories instead of silently reporting another sweep's runs. Conservative by design: a new
-config field, even one left at its default, renames every run, so runs made before it are run again.
+config field, even one left at its default, renames every run, so runs made before it are run again, unless it
+is listed in NEUTRAL_DEFAULTS: a field added later whose default makes a run do exactly what it did before the
+field existed is left out of the hash while it holds that default (each entry is a reviewed claim, not a rule).
 """
 from __future__ import annotations
 
@@ -18,9 +20,16 @@ sys.path.insert(0, str(REPO))
 from clawr1.config import load_config  # noqa: E402
 
 
+# (section, field) -> the default that reproduces the behaviour from before the field was added
+NEUTRAL_DEFAULTS = {("algo", "balance"): "none"}
+
+
 def settings_hash(recipe: Path, overrides: list[str]) -> str:
     cfg = load_config(recipe, list(overrides)).model_dump(mode="json")
     cfg["run"].pop("dir", None)
+    for (section, field), neutral in NEUTRAL_DEFAULTS.items():
+        if cfg[section].get(field) == neutral:
+            del cfg[section][field]
     return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:8]
 
 

@@ -332,6 +332,10 @@ class AlgoConfig(Section):
     # misreads the hints (wordings it never learned) would push the wrong way (clawr1/algo/advantages.opd_gate)
     opd_gate: Literal["off", "signal"] = "off"
     opd_gate_window: PositiveInt = 256
+    # std: each signal divided by its standard deviation over the batch's tokens (RL: rewarded samples' tokens;
+    # OPD: teacher-scored tokens, gap against the rollout log-probs), so w_rl and w_opd weigh signals of equal
+    # spread (clawr1/algo/advantages.balance_scales); none: the raw signals
+    balance: Literal["none", "std"] = "none"
     # scalar-reward baseline: group (GRPO: minus the group mean, / std if normalize_std) | none (raw reward)
     baseline: Literal["group", "none"] = "group"
     normalize_std: bool = True

@@ -98,6 +98,20 @@ def combined_token_advantages(rl: Tensor, opd: Tensor, w_rl: float, w_opd: float
     return w_rl * rl + w_opd * opd
 
 
+def balance_scales(rl: Tensor, opd: Tensor, floor: float = 1e-3) -> tuple[float, float]:
+    """1 / standard deviation of each signal's token values (`rl`: the rewarded tokens' advantages, `opd`: the
+    teacher-scored tokens' gaps), so that the weighted sum adds signals of equal spread. A signal with fewer than
+    two tokens, or a spread below `floor`, keeps scale 1 (a batch of one value says nothing of its spread)."""
+
+    def scale(values: Tensor) -> float:
+        if values.numel() < 2:
+            return 1.0
+        std = float(values.double().std(unbiased=False))
+        return 1.0 / std if std > floor else 1.0
+
+    return scale(rl), scale(opd)
+
+
 def signal_auc(gaps: list[float], rewards: list[float]) -> tuple[Optional[float], int]:
     """How well the teacher's summed gap sorts the judge's positives above its negatives: the AUC (ties count
     half; None without both classes) and the smaller class's size."""

@@ -20,9 +20,9 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from clawr1.algo.advantages import (center_per_sample, clip_advantages, combined_token_advantages, ema_advantages,
-                                    grpo_advantages, opd_gate, opd_token_advantages, rl_token_advantages,
-                                    signal_auc)
+from clawr1.algo.advantages import (balance_scales, center_per_sample, clip_advantages, combined_token_advantages,
+                                    ema_advantages, grpo_advantages, opd_gate, opd_token_advantages,
+                                    rl_token_advantages, signal_auc)
 from clawr1.algo.losses import (aggregation_weights, kl_estimate, ppo_clipped_token_loss, topk_reverse_kl,
                                 truncated_importance_weights)
 from clawr1.config import AlgoConfig
@@ -56,6 +56,8 @@ class BatchPlan:
     staleness: Counter
     dropped_no_slot: int = 0  # samples naming an adapter slot this trainer does not have
     opd_weight: float = 1.0  # algo.opd_gate: 0 while the teacher's signal disagrees with the scores
+    rl_scale: float = 1.0  # algo.balance=std: 1 / the spread of each signal over the batch
+    opd_scale: float = 1.0
 
 
 class OpdSignalWindow:
@@ -116,7 +118,27 @@ def plan_batch(samples: list[Sample], algo: AlgoConfig, trainer_version: int, ba
              if algo.max_staleness < 0 or s.ingested or trainer_version - min(s.versions) <= algo.max_staleness]
     kept = [s for s in fresh if s.adapter_slot < slots]
     advantages, baselines = rl_sample_advantages(kept, algo, baselines)
-    return BatchPlan(kept, advantages, len(samples) - len(fresh), staleness, len(fresh) - len(kept)), baselines
+    plan = BatchPlan(kept, advantages, len(samples) - len(fresh), staleness, len(fresh) - len(kept))
+    if algo.balance == "std":
+        plan.rl_scale, plan.opd_scale = balance_scales(*batch_signals(kept, advantages, algo))
+    return plan, baselines
+
+
+def batch_signals(samples: list[Sample], rl_advantage: dict[str, float], algo: AlgoConfig) -> tuple[Tensor, Tensor]:
+    """The batch's RL advantage of every rewarded response token, and OPD's advantage of every teacher-scored
+    one, shaped as the loss shapes it (centring, clipping) but against the rollout log-probs: the trained
+    policy's own are known only inside each micro-batch."""
+    rl = [rl_advantage[s.sample_id] for s in samples if s.sample_id in rl_advantage for m in s.loss_mask if m]
+    taught = [s for s in samples if s.teacher_logprobs is not None]
+    if not taught:
+        return torch.tensor(rl, dtype=torch.float64), torch.zeros(0, dtype=torch.float64)
+    index = torch.tensor([i for i, s in enumerate(taught) for _ in range(s.response_len)])
+    mask = torch.tensor([bool(m) for s in taught for m in s.loss_mask])
+    gap = opd_token_advantages(_flat(taught, "teacher_logprobs"), _flat(taught, "rollout_logprobs"), mask)
+    if algo.opd_center == "sample":
+        gap = center_per_sample(gap, index, mask)
+    gap = clip_advantages(gap, algo.opd_clip)
+    return torch.tensor(rl, dtype=torch.float64), gap[mask]
 
 
 # ---------------------------------------------------------------- one micro-batch
@@ -254,7 +276,7 @@ def micro_batch_loss(policy: Policy, samples: list[Sample], plan: BatchPlan, alg
     if algo.opd_center == "sample":
         a_opd = center_per_sample(a_opd, idx, has_teacher)
     a_opd = clip_advantages(a_opd, algo.opd_clip)
-    adv = combined_token_advantages(a_rl, a_opd, algo.w_rl, algo.w_opd * plan.opd_weight)
+    adv = combined_token_advantages(a_rl, a_opd, algo.w_rl * plan.rl_scale, algo.w_opd * plan.opd_weight * plan.opd_scale)
     pg, low, high, dual = ppo_clipped_token_loss(logp, old_lp, adv, algo.eps_clip_low, algo.eps_clip_high, algo.dual_clip)
     tis = truncated_importance_weights(old_lp, rollout, algo.tis_cap) if algo.tis_cap else torch.ones_like(pg)
     tokens_per_sample = torch.tensor([float(sum(s.loss_mask)) for s in samples], device=dev)
@@ -354,6 +376,8 @@ def train_step(policy: Policy, optimizer, samples: list[Sample], algo: AlgoConfi
     stats = _report(plan, samples, sums, opt, passes, dp)
     if opd_signal is not None:
         stats.update(opd_gate=plan.opd_weight, opd_signal_auc=opd_signal.auc())
+    if algo.balance != "none":
+        stats.update(balance_rl_scale=plan.rl_scale, balance_opd_scale=plan.opd_scale)
     return stats
 
 

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from clawr1.algo.advantages import (combined_token_advantages, ema_advantages, grpo_advantages, opd_token_advantages,
-                                    rl_token_advantages)
+from clawr1.algo.advantages import (balance_scales, combined_token_advantages, ema_advantages, grpo_advantages,
+                                    opd_token_advantages, rl_token_advantages)
 
 REWARDS = torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 2.0])
 HAS = torch.tensor([True, True, True, True, True, True, False, True])
@@ -99,3 +99,13 @@ def test_opd_gate_closes_only_on_evidence_that_the_teacher_disagrees_with_the_sc
     # a judge flipping 30% of its scores blurs a good teacher's AUC toward 0.5, but 200 samples still show it
     noisy = [-r if rng.random() < 0.3 else r for r in rewards]
     assert opd_gate(agreeing, noisy) == 1.0
+
+
+def test_balance_scales_are_one_over_each_signals_spread():
+    rl = torch.tensor([2.0, -2.0, 2.0, -2.0])  # std 2
+    opd = torch.tensor([0.0, 0.0, 0.0, 4.0])  # mean 1, std sqrt(3)
+    s_rl, s_opd = balance_scales(rl, opd)
+    assert s_rl == pytest.approx(0.5) and s_opd == pytest.approx(1 / 3**0.5)
+    # one token, or no spread: nothing to scale by
+    assert balance_scales(torch.tensor([5.0]), torch.zeros(0)) == (1.0, 1.0)
+    assert balance_scales(torch.full((6,), 0.7), torch.tensor([1.0, 1.0])) == (1.0, 1.0)

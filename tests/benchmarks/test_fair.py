@@ -16,13 +16,14 @@ def args(tmp_path, **kw) -> argparse.Namespace:
 
 
 def finish(runner: fair.Runner, choice: fair.Choice, accuracy: float, setting: str, user: int, seed: int,
-           curve: list[float]) -> None:
+           curve: list[float], probe: dict | None = None) -> None:
     """A finished run of this configuration, where the protocol looks for it: held-out scores every 25 versions."""
     a = runner.args
     path = run_dir(runner.out, choice.recipe, accuracy, user, seed, a.steps, [*choice.overrides], a.recipe_file, setting)
     path.mkdir(parents=True)
     rows = [{"loop": "rollout", "time": float(i), "eval_metric": "personalization_score", "eval_version": 25 * i,
              "personalization_score": v} for i, v in enumerate(curve)]
+    rows[0].update(probe or {})  # the teacher probe runs at the first evaluation
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (path / "summary.json").write_text("{}")
 
@@ -75,3 +76,26 @@ def test_groups_are_compared_pair_by_pair_with_the_same_settings_without(tmp_pat
     rows = fair.compare_groups(runner, chosen, 4, 0.7, [1001, 1002], [10])
     assert rows[2] == ("| combined lr=2e-4 | 2 | 0.400, 0.200 | 0.500, 0.250 | +0.100 [+0.100, +0.100] "
                        "| +0.050 [+0.050, +0.050] |")
+
+
+def test_fixes_are_compared_with_the_same_settings_and_the_uptake_weight_is_the_measured_uptake(tmp_path):
+    runner = fair.Runner(args(tmp_path))
+    combined = fair.Choice("combined", ("trainer.lr=1e-4",))
+    uptakes = {"oracle": ({"uptake_format": 0.5, "uptake_units": 0.3}, {"uptake_format": 0.6, "uptake_units": 0.2}),
+               "realistic": ({"uptake_format": -0.2, "uptake_units": 0.1}, {"uptake_format": -0.4, "uptake_units": 0.0})}
+    for setting, weight in (("oracle", "0.40"), ("realistic", "0.00")):  # mean uptake 0.4; -0.125 clamped to 0
+        for user, probe in zip((0, 1), uptakes[setting]):
+            finish(runner, combined, 0.7, setting, user, 0, [0.0, 0.2 * (user + 1)], probe)
+            finish(runner, fair.Choice("combined", ("trainer.lr=1e-4", "algo.balance=std")), 0.7, setting, user, 0,
+                   [0.0, 0.2 * (user + 1) - 0.1])
+            finish(runner, fair.Choice("combined", ("trainer.lr=1e-4", f"algo.w_opd={weight}")), 0.7, setting, user, 0,
+                   [0.1, 0.2 * (user + 1) + 0.2])
+    rows = fair.compare_fixes(runner, combined, 0.7, ["oracle", "realistic"], [0, 1], [0])
+    assert rows[2:] == [  # the gate's runs are missing: no row
+        "| oracle | balance std | 2 | 0.300, 0.150 | 0.200, 0.100 | -0.100 [-0.100, -0.100] | -0.050 [-0.050, -0.050] |",
+        "| oracle | w_opd = uptake 0.40 | 2 | 0.300, 0.150 | 0.500, 0.300 | +0.200 [+0.200, +0.200] "
+        "| +0.150 [+0.150, +0.150] |",
+        "| realistic | balance std | 2 | 0.300, 0.150 | 0.200, 0.100 | -0.100 [-0.100, -0.100] "
+        "| -0.050 [-0.050, -0.050] |",
+        "| realistic | w_opd = uptake 0.00 | 2 | 0.300, 0.150 | 0.500, 0.300 | +0.200 [+0.200, +0.200] "
+        "| +0.150 [+0.150, +0.150] |"]

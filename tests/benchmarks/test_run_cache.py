@@ -20,3 +20,10 @@ def test_the_same_settings_name_the_same_run_and_other_settings_another(tmp_path
     assert oracle.parent == tmp_path / "oracle" / "acc0.7" / "p0" and oracle.name != first.name
     assert run_dir(tmp_path, "combined", 0.7, 0, 1, 150, ["algo.opd_center=sample"]) != first
     assert run_dir(tmp_path, "combined", 0.7, 0, 1, 100, []) != first
+
+
+def test_a_field_added_later_at_its_neutral_default_keeps_the_names_of_earlier_runs():
+    """algo.balance=none trains as before the field existed, so runs cached then keep their names (checked once
+    by hand: the same hash at the commit before the field); balance=std is another run."""
+    assert settings_hash(RECIPE, ["trainer.lr=1e-4"]) == settings_hash(RECIPE, ["trainer.lr=1e-4", "algo.balance=none"])
+    assert settings_hash(RECIPE, ["trainer.lr=1e-4"]) != settings_hash(RECIPE, ["trainer.lr=1e-4", "algo.balance=std"])

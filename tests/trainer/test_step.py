@@ -1,6 +1,7 @@
 """A training step does not depend on how the batch is cut into micro-batches; the lr schedule's values."""
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -134,3 +135,50 @@ def test_a_closed_opd_gate_trains_as_if_w_opd_were_zero(tiny_model, megatron_tp1
     assert gated[0]["opd_gate"] == 0.0 and gated[0]["opd_signal_auc"] < 0.1
     assert max((gated[1][k] - no_opd[1][k]).abs().max().item() for k in no_opd[1]) == 0.0
     assert max((opd[1][k] - no_opd[1][k]).abs().max().item() for k in no_opd[1]) > 1e-4  # OPD does move it
+
+
+def _scaled_gaps(samples, factor: float):
+    """Copies whose teacher gap against the rollout log-probs is `factor` times larger."""
+    out = []
+    for s in samples:
+        c = copy.copy(s)
+        if s.teacher_logprobs is not None:
+            c.teacher_logprobs = [r + factor * (t - r) for t, r in zip(s.teacher_logprobs, s.rollout_logprobs)]
+        out.append(c)
+    return out
+
+
+def test_balance_std_divides_each_signal_by_its_spread_over_the_batch():
+    from clawr1.trainer.step import plan_batch
+
+    samples = synthetic_samples(12, seed=3, topk=0)
+    plain, _ = plan_batch(samples, AlgoConfig(), 0, {})
+    assert (plain.rl_scale, plain.opd_scale) == (1.0, 1.0)
+    balanced, _ = plan_batch(samples, AlgoConfig(balance="std"), 0, {})
+    tripled, _ = plan_batch(_scaled_gaps(samples, 3.0), AlgoConfig(balance="std"), 0, {})
+    assert balanced.opd_scale != 1.0 and balanced.rl_scale != 1.0
+    assert tripled.opd_scale == pytest.approx(balanced.opd_scale / 3, rel=1e-6)
+    assert tripled.rl_scale == balanced.rl_scale
+
+
+def test_with_balance_std_the_update_does_not_depend_on_the_size_of_the_teachers_gaps(tiny_model, megatron_tp1):
+    """The rollout log-probs are the policy's own, so the loss's gap (against the policy) is the planned one."""
+    from clawr1.trainer.model import build_policy, pack, packed_logprobs
+    from clawr1.trainer.step import train_step
+
+    policy = build_policy(tiny_model)
+    samples = synthetic_samples(8, seed=4, topk=0)
+    for s in samples:
+        s.rollout_logprobs = packed_logprobs(policy, pack([s.tokens], [s.prompt_len])).tolist()
+    grads = {}
+    for balance in ("none", "std"):
+        for factor in (1.0, 3.0):
+            opt = RecordingOptimizer(policy.model)
+            train_step(policy, opt, _scaled_gaps(samples, factor), AlgoConfig(balance=balance), 100_000)
+            grads[balance, factor] = opt.grads
+
+    def max_diff(a, b):
+        return max((a[k] - b[k]).abs().max().item() for k in a)
+
+    assert max_diff(grads["std", 1.0], grads["std", 3.0]) < 1e-5
+    assert max_diff(grads["none", 1.0], grads["none", 3.0]) > 1e-3  # without balancing, bigger gaps push harder
