@@ -38,7 +38,8 @@ class Choice:
 
     @property
     def label(self) -> str:
-        return " ".join([self.recipe, *dict.fromkeys(o.rsplit(".", 1)[-1] for o in self.overrides)])
+        short = (f"{key.rsplit('.', 1)[-1]}={value}" for key, value in (o.split("=", 1) for o in self.overrides))
+        return " ".join([self.recipe, *dict.fromkeys(short)])
 
 
 @dataclass

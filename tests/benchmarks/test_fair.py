@@ -32,6 +32,7 @@ def test_tuning_picks_the_best_mean_area_among_fully_run_candidates(tmp_path):
     runner = fair.Runner(args(tmp_path))
     low, high, unfinished = (fair.grid("opd", ["1e-4", "2e-4"], ["frozen", "lagged"])[i] for i in (0, 1, 3))
     assert low.overrides == ("trainer.lr=1e-4", "judge.teacher=frozen") and low.label == "opd lr=1e-4 teacher=frozen"
+    assert fair.Choice("combined", ("trainer.lr=1e-4", "algo.w_opd=0.44")).label == "combined lr=1e-4 w_opd=0.44"
     for user in (0, 1):
         finish(runner, low, 0.7, "realistic", user, 0, [0.0, 0.6, 0.6])  # the better final, area 0.4
         finish(runner, high, 0.7, "realistic", user, 0, [0.5, 0.5, 0.5])  # the larger area: chosen
