@@ -145,7 +145,8 @@ def evaluate(runner: Runner, chosen: dict[str, Choice], accuracies: list[float],
             results[f"{setting}/acc{accuracy:g}/interval_final"] = final_cmp
             results[f"{setting}/acc{accuracy:g}/interval_area"] = area_cmp
             plot_bands({chosen[r].label: [o.curve for o in runs] for r, runs in outcomes.items()},
-                       f"{setting}, judge accuracy {accuracy:g}: users {users}, seeds {seeds}",
+                       f"{setting}, judge accuracy {accuracy:g}: users {users}, "
+                       f"seeds {sorted({pairs[i][1] for i in complete})}",
                        runner.out / f"fair-bands-{setting}-acc{accuracy:g}.png")
     return rows, results
 
