@@ -16,7 +16,10 @@ same order (a resumed step, the same kernel on the same shapes), not these helpe
 """
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
+
 import torch
 
 
@@ -74,3 +77,30 @@ def assert_as_exact_as(actual, exact, honest, dtype: torch.dtype = torch.float32
     assert math.isfinite(got) and got <= bound, (
         f"{what}: error vs fp64 {got:.4g} > {factor} x max(honest {dtype} error {gap(honest, exact):.4g}, "
         f"one eps at the magnitude {floor:.4g}) = {bound:.4g}")
+
+
+# The error model of a transformer computed twice (TP or DP against one process, batched against alone, another
+# implementation of the same layers): the same sums in another order. Each reduction on the path to a value may
+# round once differently, at about the value's magnitude (the layers are normalized, gain ~1).
+REDUCTIONS_PER_LAYER = 10  # two norms, QKV, scores, softmax, scores x V, output projection, FC1, FC2, residuals
+
+
+def forward_depth(model: str | Path) -> int:
+    """Reductions on the path to a logit of the HF model at `model`: each layer's, the final norm, the LM head."""
+    layers = json.loads((Path(model) / "config.json").read_text())["num_hidden_layers"]
+    return REDUCTIONS_PER_LAYER * layers + 2
+
+
+def grad_depth(model: str | Path) -> int:
+    """A gradient goes forward, then back: two matmuls (input and weight gradients) for each forward one."""
+    return 3 * forward_depth(model)
+
+
+def logit_magnitude(model: str | Path, sequences: list[list[int]]) -> float:
+    """The largest |logit| of the HF model over these sequences (fp32): the scale at which a log-prob rounds, as
+    log_softmax(z)_i = z_i - logsumexp(z) (a greedy token's log-prob near 0 says nothing of it)."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return max(float(hf(input_ids=torch.tensor([ids])).logits.abs().max()) for ids in sequences)
