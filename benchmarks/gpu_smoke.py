@@ -58,11 +58,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-# dense bf16 tensor-core peak (TFLOPS, no sparsity), matched in order against torch.cuda.get_device_name()
-PEAK_BF16_TFLOPS = [
-    ("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("GH200", 989.4), ("H200", 989.4), ("H100", 989.4),
-    ("B200", 2250.0), ("A100", 312.0), ("L40S", 362.0), ("L40", 181.0), ("L4", 121.0),
-]
+from benchmarks.trainer_speed import measure_steps, peak_tflops, speed_figures  # noqa: E402
+
 STANDIN_VERSION = "0.5.23"  # the SGLang release the stand-in engine claims: weight-update sessions, retract pauses
 
 
@@ -162,31 +159,6 @@ def state_diff(a: dict, b: dict) -> dict:
     differing = sum(int((a[k] != b[k]).sum()) for k in changed)
     return {"changed_tensors": len(changed), "total_tensors": len(a), "max_abs_change": max_change,
             "frac_elements_changed": differing / max(sum(v.numel() for v in a.values()), 1)}
-
-
-def model_flops(arch, samples) -> float:
-    """Model FLOPs of one training step (forward + backward = 3x forward, no recomputation counted).
-
-    Forward: 2 x (decoder matmul weights) per token, causal attention 2 x s^2 x heads x head_dim
-    per layer per sample (QK^T and AV over the lower triangle), and the output layer 2 x vocab x
-    hidden only at the positions the trainer computes logits for (the response tokens).
-    """
-    h, hd, L = arch.hidden, arch.head_dim, arch.num_layers
-    per_layer = h * (arch.heads + 2 * arch.kv_heads) * hd + arch.heads * hd * h + 3 * h * arch.ffn
-    tokens = sum(len(s.tokens) for s in samples)
-    response = sum(s.response_len for s in samples)
-    attn = sum(2 * len(s.tokens) ** 2 * arch.heads * hd for s in samples) * L
-    forward = 2 * per_layer * L * tokens + attn + 2 * arch.vocab * h * response
-    return 3.0 * forward
-
-
-def peak_tflops(device_name: str, override: float | None) -> tuple[float | None, str]:
-    if override:
-        return override, "--peak-tflops"
-    for key, tflops in PEAK_BF16_TFLOPS:
-        if key.lower() in device_name.lower():
-            return tflops, f"table entry {key!r} (dense bf16)"
-    return None, f"no dense bf16 peak known for {device_name!r} (pass --peak-tflops)"
 
 
 # ---------------------------------------------------------------- the SGLang stand-in engine (step 6)
@@ -616,29 +588,17 @@ class Smoke:
         batches = [make_batch(n, self.hf_config.vocab_size, lo, hi, seed=100 + i) for i in range(steps + 1)]
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
-        elapsed, tokens, flops = 0.0, 0, 0.0
-        for i, batch in enumerate(batches):  # batch 0 warms up
-            if self.cuda:
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            self.train(batch)
-            if self.cuda:
-                torch.cuda.synchronize()
-            if i:
-                elapsed += time.perf_counter() - t0
-                tokens += sum(len(s.tokens) for s in batch)
-                flops += model_flops(self.policy.arch, batch)
+        sync = torch.cuda.synchronize if self.cuda else (lambda: None)
+        timing = measure_steps({"train": self.train}, batches, sync)["train"]
         name = torch.cuda.get_device_name() if self.cuda else "cpu"
         peak, peak_source = peak_tflops(name, self.args.peak_tflops) if self.cuda else (None, "no bf16 peak for a CPU")
-        achieved = flops / elapsed / 1e12
-        res = {"device": name, "steps": steps, "batch": f"{n} samples, lengths {lo}..{hi}",
-               "microbatch_tokens": self.cfg.trainer.max_tokens_per_microbatch,
-               "tokens_per_step": tokens // max(steps, 1), "tokens_per_s": round(tokens / elapsed, 1),
-               "model_tflops_per_s": round(achieved, 3), "peak_tflops": peak, "peak_source": peak_source,
-               "mfu": round(achieved / peak, 4) if peak else None, "transformer_engine": self.use_te}
+        speed = speed_figures(timing, self.policy.arch, peak)
+        res = {"device": name, "batch": f"{n} samples, lengths {lo}..{hi}",
+               "microbatch_tokens": self.cfg.trainer.max_tokens_per_microbatch, **speed,
+               "peak_tflops": peak, "peak_source": peak_source, "transformer_engine": self.use_te}
         if self.cuda:
             res["peak_memory_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-        res["ok"] = tokens > 0 and elapsed > 0
+        res["ok"] = timing["tokens"] > 0 and timing["seconds"] > 0
         return res
 
     def run(self) -> dict:

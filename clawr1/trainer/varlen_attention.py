@@ -2,14 +2,22 @@
 
 megatron-core's local `DotProductAttention` refuses packed sequences; on GPU,
 TransformerEngine's attention takes them natively. This module plugs into the
-local layer spec in its place: it runs causal scaled-dot-product attention
-separately on each packed sequence (cu_seqlens), so attention costs the sum of
-each sequence's squared length, not the squared length of the whole pack, and
-needs no mask tensor at all.
+local layer spec in its place. Attention never crosses packed sequences
+(cu_seqlens), in one of three forms:
+
+  varlen        the whole pack in one call to torch's flash varlen kernel
+                (`torch.nn.attention.varlen`, CUDA, bf16/fp16); cost: the sum of squared lengths
+  masked        one scaled-dot-product call over the pack with a block-diagonal causal mask;
+                one kernel, but it computes the squared length of the whole pack (any device)
+  per_sequence  one causal SDPA call per packed sequence (a Python loop; any device)
+
+`auto` picks varlen where it can run and per_sequence elsewhere (CPU, fp32).
 """
 from __future__ import annotations
 
+import inspect
 import math
+from functools import lru_cache
 from typing import Optional
 
 import torch
@@ -18,6 +26,40 @@ from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
+
+ATTENTION_KINDS = ("auto", "varlen", "masked", "per_sequence")
+_chosen_kind = "auto"
+
+
+def use_attention(kind: str) -> None:
+    """Which form every VarlenCoreAttention runs from now on (process-wide; benchmarks compare them)."""
+    if kind not in ATTENTION_KINDS:
+        raise ValueError(f"attention kind {kind!r} is not one of {ATTENTION_KINDS}")
+    global _chosen_kind
+    _chosen_kind = kind
+
+
+@lru_cache(maxsize=1)
+def _torch_varlen_attn():
+    """torch's varlen attention and its keyword names (they changed between torch 2.10 and 2.12), or None."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn, frozenset(inspect.signature(varlen_attn).parameters)
+
+
+def varlen_available(device: torch.device, dtype: torch.dtype) -> bool:
+    return device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and _torch_varlen_attn() is not None
+
+
+def resolve_attention(kind: str, device: torch.device, dtype: torch.dtype) -> str:
+    if kind == "auto":
+        return "varlen" if varlen_available(device, dtype) else "per_sequence"
+    if kind == "varlen" and not varlen_available(device, dtype):
+        raise RuntimeError(f"varlen attention needs CUDA, bf16/fp16 and torch.nn.attention.varlen "
+                           f"(here: {device.type}, {dtype}, torch {torch.__version__})")
+    return kind
 
 
 class VarlenCoreAttention(MegatronModule):
@@ -40,9 +82,14 @@ class VarlenCoreAttention(MegatronModule):
             raise ValueError("VarlenCoreAttention needs packed_seq_params with qkv_format='thd'")
         if attention_bias is not None:
             raise ValueError("attention_bias is not supported")
-        bounds = packed_seq_params.cu_seqlens_q.tolist()
+        kind = resolve_attention(_chosen_kind, query.device, query.dtype)
+        attend = {"varlen": self.varlen, "masked": self.masked, "per_sequence": self.per_sequence}[kind]
+        return attend(query, key, value, packed_seq_params)  # query/key/value: [t, heads, head_dim]
+
+    def per_sequence(self, query, key, value, params: PackedSeqParams) -> torch.Tensor:
+        bounds = params.cu_seqlens_q.tolist()
         outputs = []
-        for start, end in zip(bounds[:-1], bounds[1:]):  # query/key/value: [t, heads, head_dim]
+        for start, end in zip(bounds[:-1], bounds[1:]):
             q = query[start:end].transpose(0, 1)
             k = key[start:end].transpose(0, 1)
             v = value[start:end].transpose(0, 1)
@@ -50,6 +97,40 @@ class VarlenCoreAttention(MegatronModule):
                                                  enable_gqa=self.heads != self.groups)
             outputs.append(out.transpose(0, 1).reshape(end - start, -1))
         return torch.cat(outputs)
+
+    def masked(self, query, key, value, params: PackedSeqParams) -> torch.Tensor:
+        mask = block_causal_mask(params.cu_seqlens_q, query.shape[0])
+        out = F.scaled_dot_product_attention(query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1),
+                                             attn_mask=mask, scale=self.scale, enable_gqa=self.heads != self.groups)
+        return out.transpose(0, 1).reshape(query.shape[0], -1)
+
+    def varlen(self, query, key, value, params: PackedSeqParams) -> torch.Tensor:
+        varlen_attn, names = _torch_varlen_attn()
+        kwargs = {}
+        if self.heads != self.groups:
+            if "enable_gqa" in names:
+                kwargs["enable_gqa"] = True
+            else:  # torch < 2.12: one kv head per query head, as SDPA's enable_gqa repeats them
+                key = key.repeat_interleave(self.heads // self.groups, dim=1)
+                value = value.repeat_interleave(self.heads // self.groups, dim=1)
+        if "window_size" in names:
+            kwargs["window_size"] = (-1, 0)  # causal
+        else:
+            kwargs["is_causal"] = True
+        if "scale" in names:
+            kwargs["scale"] = self.scale
+        else:  # the kernel scales by 1/sqrt(head_dim)
+            query = query * (self.scale * math.sqrt(query.shape[-1]))
+        cu = params.cu_seqlens_q.to(torch.int32)
+        out = varlen_attn(query, key, value, cu, cu, params.max_seqlen_q, params.max_seqlen_kv, **kwargs)
+        return out.reshape(query.shape[0], -1)
+
+
+def block_causal_mask(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
+    """[total, total] bool: True where token i may attend to token j (same sequence, j <= i)."""
+    positions = torch.arange(total, device=cu_seqlens.device)
+    sequence = torch.bucketize(positions, cu_seqlens[1:].to(positions.dtype), right=True)
+    return (sequence[:, None] == sequence[None, :]) & (positions[:, None] >= positions[None, :])
 
 
 def packed_seq_params(lengths: list[int], device: torch.device) -> PackedSeqParams:
