@@ -93,6 +93,26 @@ def clip_advantages(advantages: Tensor, limit: float) -> Tensor:
     return advantages.clamp(-limit, limit) if limit else advantages
 
 
+def shaped_opd_advantages(teacher_logprobs: Tensor, baseline_logprobs: Tensor, has_teacher: Tensor, loss_mask: Tensor,
+                          sample_index: Tensor, center: bool, clip: float) -> Tensor:
+    """OPD's advantage of each token, shaped: the teacher's log-prob of the sampled token minus the baseline's
+    (`opd_token_advantages`), with `center` minus its sample's mean (`center_per_sample`), bounded to
+    [-clip, clip] (`clip_advantages`, 0: unbounded). 0 on every token OPD does not score. `baseline_logprobs`:
+    what the teacher is measured against, the student's own log-probs of the sampled tokens.
+
+    The scored tokens are those of a sample with a teacher (`has_teacher`, per token) that the loss trains
+    (`loss_mask`): centring is there so that each trained response's OPD advantages sum to 0, and a token the
+    loss leaves out (a tool's output inside the response) was not the student's choice; counted in the mean,
+    its gap would shift every trained token of its response by an amount the loss never sees, and the balance
+    planner, which measures the spread over the trained tokens, would plan for other values than the loss uses.
+    """
+    scored = has_teacher & loss_mask.bool()
+    gap = opd_token_advantages(teacher_logprobs, baseline_logprobs, scored)
+    if center:
+        gap = center_per_sample(gap, sample_index, scored)
+    return clip_advantages(gap, clip)
+
+
 def combined_token_advantages(rl: Tensor, opd: Tensor, w_rl: float, w_opd: float) -> Tensor:
     """A = w_rl * A_rl + w_opd * A_opd."""
     return w_rl * rl + w_opd * opd

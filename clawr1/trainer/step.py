@@ -20,9 +20,8 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from clawr1.algo.advantages import (balance_scales, center_per_sample, clip_advantages, combined_token_advantages,
-                                    ema_advantages, grpo_advantages, opd_gate, opd_token_advantages,
-                                    rl_token_advantages, signal_auc)
+from clawr1.algo.advantages import (balance_scales, combined_token_advantages, ema_advantages, grpo_advantages,
+                                    opd_gate, rl_token_advantages, shaped_opd_advantages, signal_auc)
 from clawr1.algo.losses import (aggregation_weights, kl_estimate, ppo_clipped_token_loss, topk_reverse_kl,
                                 truncated_importance_weights)
 from clawr1.config import AlgoConfig
@@ -68,10 +67,13 @@ class OpdSignalWindow:
         self.pairs: deque[tuple[float, float]] = deque(maxlen=size)
 
     def add(self, samples: list[Sample]) -> None:
-        for s in samples:
-            if s.teacher_logprobs is not None and s.reward:
-                gap = sum(t - r for t, r, m in zip(s.teacher_logprobs, s.rollout_logprobs, s.loss_mask) if m)
-                self.pairs.append((gap, s.reward))
+        scored = [s for s in samples if s.teacher_logprobs is not None and s.reward]
+        if not scored:
+            return
+        # the raw gap, neither centred (each sample's sum would be 0) nor clipped
+        gap, index, _ = _opd_against_rollout(scored, center=False, clip=0.0, dtype=torch.float64)
+        sums = torch.zeros(len(scored), dtype=torch.float64).index_add_(0, index, gap)
+        self.pairs.extend(zip(sums.tolist(), (s.reward for s in scored)))
 
     def gate(self) -> float:
         return opd_gate([g for g, _ in self.pairs], [r for _, r in self.pairs])
@@ -132,22 +134,28 @@ def batch_signals(samples: list[Sample], rl_advantage: dict[str, float], algo: A
     taught = [s for s in samples if s.teacher_logprobs is not None]
     if not taught:
         return torch.tensor(rl, dtype=torch.float64), torch.zeros(0, dtype=torch.float64)
-    index = torch.tensor([i for i, s in enumerate(taught) for _ in range(s.response_len)])
-    mask = torch.tensor([bool(m) for s in taught for m in s.loss_mask])
-    gap = opd_token_advantages(_flat(taught, "teacher_logprobs"), _flat(taught, "rollout_logprobs"), mask)
-    if algo.opd_center == "sample":
-        gap = center_per_sample(gap, index, mask)
-    gap = clip_advantages(gap, algo.opd_clip)
-    return torch.tensor(rl, dtype=torch.float64), gap[mask]
+    gap, _, trained = _opd_against_rollout(taught, algo.opd_center == "sample", algo.opd_clip)
+    return torch.tensor(rl, dtype=torch.float64), gap[trained]
+
+
+def _opd_against_rollout(taught: list[Sample], center: bool, clip: float,
+                        dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor, Tensor]:
+    """OPD's shaped advantage of every response token of `taught` (samples with a teacher) against the rollout
+    log-probs, each token's sample index, and whether the loss trains the token."""
+    index = torch.tensor([i for i, s in enumerate(taught) for _ in range(s.response_len)], dtype=torch.long)
+    trained = _flat(taught, "loss_mask").bool()
+    teacher, rollout = (_flat(taught, field, dtype=dtype) for field in ("teacher_logprobs", "rollout_logprobs"))
+    gap = shaped_opd_advantages(teacher, rollout, torch.ones_like(trained), trained, index, center, clip)
+    return gap, index, trained
 
 
 # ---------------------------------------------------------------- one micro-batch
-def _flat(samples: list[Sample], field: str, fill: float = 0.0) -> Tensor:
+def _flat(samples: list[Sample], field: str, fill: float = 0.0, dtype: torch.dtype = torch.float32) -> Tensor:
     values: list[float] = []
     for s in samples:
         v = getattr(s, field)
         values += v if v is not None else [fill] * s.response_len
-    return torch.tensor(values, dtype=torch.float32)
+    return torch.tensor(values, dtype=dtype)
 
 
 def _per_token(samples: list[Sample], field: str) -> Tensor:
@@ -272,10 +280,8 @@ def micro_batch_loss(policy: Policy, samples: list[Sample], plan: BatchPlan, alg
     sample_adv = torch.tensor([plan.rl_advantage.get(s.sample_id, 0.0) for s in samples], device=dev)
     has_teacher = torch.tensor([s.teacher_logprobs is not None for s in samples], device=dev)[idx]
     a_rl = rl_token_advantages(sample_adv, has_reward, idx)
-    a_opd = opd_token_advantages(_flat(samples, "teacher_logprobs").to(dev), opd_base, has_teacher)
-    if algo.opd_center == "sample":
-        a_opd = center_per_sample(a_opd, idx, has_teacher)
-    a_opd = clip_advantages(a_opd, algo.opd_clip)
+    a_opd = shaped_opd_advantages(_flat(samples, "teacher_logprobs").to(dev), opd_base, has_teacher, mask, idx,
+                                  algo.opd_center == "sample", algo.opd_clip)
     adv = combined_token_advantages(a_rl, a_opd, algo.w_rl * plan.rl_scale, algo.w_opd * plan.opd_weight * plan.opd_scale)
     pg, low, high, dual = ppo_clipped_token_loss(logp, old_lp, adv, algo.eps_clip_low, algo.eps_clip_high, algo.dual_clip)
     tis = truncated_importance_weights(old_lp, rollout, algo.tis_cap) if algo.tis_cap else torch.ones_like(pg)

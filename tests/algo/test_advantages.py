@@ -83,6 +83,30 @@ def test_opd_centring_per_sample_and_clipping_by_hand():
     assert clip_advantages(torch.tensor([-5.0]), 0.0).tolist() == [-5.0]
 
 
+def test_shaped_opd_centres_over_the_trained_tokens_of_samples_with_a_teacher():
+    """Where the loss mask and the teacher disagree (a tool's output inside a response: a teacher, no loss), the
+    mean is over the trained tokens, so each trained response's OPD advantages sum to 0. Values chosen to be exact
+    in fp32: every sum, mean and difference below is a small integer."""
+    from clawr1.algo.advantages import center_per_sample, opd_token_advantages, shaped_opd_advantages
+
+    teacher = torch.tensor([-7.0, -1.0, -1.0, -2.0, -2.0, -1.0, -3.0])
+    baseline = torch.tensor([-1.0, -2.0, -4.0, -1.0, -1.0, -1.0, -1.0])  # gaps -6 1 3 | -1 -1 | 0 -2
+    has_teacher = torch.tensor([True, True, True, False, False, True, True])  # sample 1 has no teacher
+    loss_mask = torch.tensor([0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])  # sample 0's first token is not trained
+    index = torch.tensor([0, 0, 0, 1, 1, 2, 2])
+
+    def shaped(center: bool, clip: float) -> list[float]:
+        return shaped_opd_advantages(teacher, baseline, has_teacher, loss_mask, index, center, clip).tolist()
+
+    assert shaped(False, 0.0) == [0.0, 1.0, 3.0, 0.0, 0.0, 0.0, -2.0]
+    assert shaped(True, 0.0) == [0.0, -1.0, 1.0, 0.0, 0.0, 1.0, -1.0]  # sample 0's mean is 2, not -2/3
+    assert shaped(True, 0.5) == [0.0, -0.5, 0.5, 0.0, 0.0, 0.5, -0.5]
+    # the other rule (centring over every token of a sample with a teacher: sample 0's mean -2/3) leaves its
+    # trained tokens at 5/3 and 11/3, summing to 16/3: the length bias centring is there to remove
+    other = center_per_sample(opd_token_advantages(teacher, baseline, has_teacher), index, has_teacher)
+    assert_close(float(other[1:3].sum()), 16 / 3, torch.float32, 4)
+
+
 def test_signal_auc_counts_ties_half():
     from clawr1.algo.advantages import signal_auc
 

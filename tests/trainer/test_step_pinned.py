@@ -3,10 +3,10 @@ test was written: a refactor of the step, the balance planner or the OPD gate mu
 
 The model is a random tiny Qwen2 (tests/trainer/families.py) run in float64, so the numbers hang on no warm start
 and no float32 matmul kernel. The logits are cast to float32 for the log-softmax (trainer/model.py), and that is
-where machines differ: a log-sum-exp over K = 250 logits summed in another order is off by at most K * u =
-250 * 6e-8 = 1.5e-5. The pinned numbers are weighted means (weights summing to 1) of such log-probs times
-advantages (at most about 3) and importance weights (at most tis_cap = 2), and the log-prob enters both:
-3 * (1 + 2) * 1.5e-5 = 1.4e-4. A change of the shaping moves them by 1e-3 or more.
+where machines differ: a log-sum-exp over K = 250 logits summed in another order is off by at most K fp32 eps.
+The pinned numbers are weighted means (weights summing to 1) of such log-probs times advantages (at most about 3)
+and importance weights (at most tis_cap = 2), and the log-prob enters both: 250 eps at magnitude 3 * (1 + 2),
+2.7e-4. A change of the shaping moves them by 1e-3 or more.
 """
 from __future__ import annotations
 
@@ -17,11 +17,12 @@ import torch
 
 from clawr1.config import AlgoConfig
 from clawr1.protocol import Sample
+from tests.numerics import tolerance
 from tests.trainer.families import save_random_model
 from tests.trainer.test_parallel import synthetic_samples
 from tests.trainer.test_step import RecordingOptimizer
 
-TOLERANCE = 1.4e-4
+TOLERANCE = tolerance(torch.float32, magnitude=3 * (1 + 2), depth=250)
 VOCAB = 250  # tests/trainer/families.py's tiny checkpoints
 STEP_KEYS = ("pg_loss", "adv_rl_mean", "adv_rl_std", "adv_opd_mean", "adv_opd_std", "entropy", "tis_mean")
 
@@ -114,3 +115,20 @@ def test_the_planner_and_the_gate_give_the_pinned_signals(policy):
     assert scales == pytest.approx(PINNED_SCALES, abs=TOLERANCE, rel=0)
     assert [g for g, _ in window] == pytest.approx([g for g, _ in PINNED_WINDOW], abs=TOLERANCE, rel=0)
     assert [r for _, r in window] == [r for _, r in PINNED_WINDOW]
+
+
+def test_the_step_and_the_planner_shape_the_same_tokens(policy):
+    """With partial loss masks and rollout log-probs that are the policy's own, the loss's OPD advantages (against
+    the policy) are the ones the balance planner measured (against the rollout): same tokens, same centring."""
+    from clawr1.trainer.model import pack, packed_logprobs
+    from clawr1.trainer.step import batch_signals, train_step
+
+    samples = pinned_batch(policy, masked=True)
+    for s in samples:
+        s.rollout_logprobs = packed_logprobs(policy, pack([s.tokens], [s.prompt_len])).tolist()
+    algo = AlgoConfig(opd_center="sample", opd_clip=0.5)
+    planned = batch_signals(samples, {}, algo)[1].double()
+    stats = train_step(policy, RecordingOptimizer(policy.model), samples, algo, 150)
+    assert planned.numel() == sum(sum(s.loss_mask) for s in samples if s.teacher_logprobs is not None)
+    assert (stats["adv_opd_mean"], stats["adv_opd_std"]) == pytest.approx(
+        (float(planned.mean()), float(planned.std(unbiased=False))), abs=TOLERANCE, rel=0)
