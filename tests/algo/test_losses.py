@@ -1,5 +1,4 @@
 """Losses, estimators and weights against values worked out by hand."""
-import math
 
 import pytest
 import torch
@@ -90,12 +89,13 @@ def test_aggregations_and_their_invariance_to_packing():
     idx, mask, per_sample = torch.tensor([0, 0, 0, 1]), torch.ones(4), torch.tensor([3.0, 1.0])
     token = (loss * aggregation_weights(idx, mask, "token-mean", 4, 2, per_sample)).sum()
     seq = (loss * aggregation_weights(idx, mask, "seq-mean-token-mean", 4, 2, per_sample)).sum()
-    assert math.isclose(token.item(), 2.5) and math.isclose(seq.item(), 3.0)  # 10/4 and (2 + 4)/2
+    # fp32 weights (a count, a division), products and a sum of four, at the terms' magnitude 4
+    assert_close([token, seq], [2.5, 3.0], torch.float32, 6, 4.0)  # 10/4 and (2 + 4)/2
     # B packed first, each sample in its own micro-batch: the same totals
     parts = [(torch.tensor([4.0]), torch.tensor([0]), torch.tensor([1.0])),
              (torch.tensor([1.0, 2.0, 3.0]), torch.tensor([0, 0, 0]), torch.tensor([3.0]))]
     for mode, expected in (("token-mean", 2.5), ("seq-mean-token-mean", 3.0)):
         total = sum((l * aggregation_weights(i, torch.ones(len(l)), mode, 4, 2, n)).sum() for l, i, n in parts)
-        assert math.isclose(total.item(), expected)
+        assert_close(total, expected, torch.float32, 6 + 1, 4.0)  # as above, and the sum of the two parts
     with pytest.raises(ValueError, match="aggregation"):
         aggregation_weights(idx, mask, "sum", 4, 2, per_sample)
