@@ -6,15 +6,18 @@ Three patterns, each a thin layer over real ZeroMQ sockets:
 - request/reply (DEALER -> ROUTER): judge Samples to the pool (acked once
   durable) and trainer batch requests/commits. Every request carries an id, the
   reply echoes it, and a client that times out raises `BusTimeout` so the caller
-  can retry (the pool makes retries idempotent);
+  can retry (the pool makes retries idempotent): `Retry` is the one retry loop, the
+  caller's stop rule its parameters;
 - broadcast (PUB -> SUB): `WeightsPublished`.
 """
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import time
-from typing import Optional
+from dataclasses import dataclass
+from typing import Callable, Iterator, Optional
 
 import zmq
 import zmq.asyncio
@@ -23,10 +26,58 @@ from clawr1 import protocol
 from clawr1.protocol import ErrorReply, Message, SchemaMismatch
 
 DEFAULT_HWM = 1000
+log = logging.getLogger("clawr1.bus")
 
 
 class BusTimeout(TimeoutError):
     """No reply within the deadline."""
+
+
+@dataclass(frozen=True)
+class Retry:
+    """The retry loop of a request that may time out, for blocking and asyncio clients alike:
+
+        for attempt in bus.Retry(tries=5, note="committing again").attempts():
+            with attempt:
+                return pool.call(msg)
+
+    A `BusTimeout` inside `with attempt` is logged (with `note`) and the request asked again, `tries` requests in
+    all (None: until one is answered). Once they are spent the last `BusTimeout` is raised, or, with
+    `then_raise=False`, the loop just ends and the caller goes on without an answer. It also ends, unanswered,
+    when `stop()` is true after a timeout (a loop told to shut down). Any other error goes through at once."""
+
+    tries: Optional[int] = None
+    note: str = "asking again"
+    then_raise: bool = True
+    stop: Callable[[], bool] = lambda: False
+
+    def attempts(self) -> Iterator["Attempt"]:
+        for number in itertools.count(1):
+            attempt = Attempt(self, last=self.tries is not None and number >= self.tries)
+            yield attempt
+            if attempt.answered or attempt.last or self.stop():
+                return
+
+
+class Attempt:
+    """One request of a `Retry` loop, as a context manager."""
+
+    def __init__(self, retry: Retry, last: bool):
+        self.retry, self.last, self.answered = retry, last, False
+
+    def __enter__(self) -> "Attempt":
+        return self
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        if kind is None:
+            self.answered = True
+            return False
+        if not issubclass(kind, BusTimeout):
+            return False
+        give_up = self.last and self.retry.then_raise
+        if not give_up:
+            log.warning("%s; %s", error, self.retry.note)
+        return not give_up
 
 
 def _configure(sock: zmq.Socket, hwm: int, linger_ms: int) -> zmq.Socket:

@@ -128,12 +128,11 @@ class Judge:
         """Deliver to the pool; return once it is durable there (True) or refused for good (False); retries are
         idempotent."""
         delay = 0.2
+        until_acked = bus.Retry(note=f"sending {sample.sample_id} again")
         while True:
-            try:
-                ack = await self.pool.call(sample)
-            except bus.BusTimeout:
-                log.warning("pool did not acknowledge %s in time; retrying", sample.sample_id)
-                continue
+            for attempt in until_acked.attempts():
+                with attempt:
+                    ack = await self.pool.call(sample)
             if not isinstance(ack, Ack):
                 raise TypeError(f"the pool answered a Sample with {type(ack).__name__}")
             if ack.ok:

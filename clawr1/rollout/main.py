@@ -104,13 +104,13 @@ class Rollout:
         """Pause new episodes while the pool's backlog is at or above `limit` samples."""
         pool = bus.AsyncRpcClient(self.cfg.pool_batches_addr, timeout_s=10.0)
         try:
+            unanswered = bus.Retry(tries=1, note="not throttling", then_raise=False)
             while True:
-                try:
-                    stats = await pool.call(protocol.StatsRequest())
-                    self.pool_backlog = stats.pending
-                except bus.BusTimeout:
-                    log.warning("pool did not answer a stats request; not throttling")
-                    self.pool_backlog = 0
+                backlog = 0  # no answer: no throttling
+                for attempt in unanswered.attempts():
+                    with attempt:
+                        backlog = (await pool.call(protocol.StatsRequest())).pending
+                self.pool_backlog = backlog
                 (self.backlog_ok.set if self.pool_backlog < limit else self.backlog_ok.clear)()
                 await asyncio.sleep(0.25)
         finally:

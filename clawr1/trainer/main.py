@@ -51,12 +51,16 @@ def wait_for_batch(pool: bus.RpcClient, version: int, last_batch_id: int, batch_
     """The next batch, or None once `stop` is set; NoDataError after `timeout_s` without one (None: wait forever)."""
     start = reported = time.monotonic()
     poll_s = 0.05
+    # a pool that died holding the request: ask its successor (asking is idempotent)
+    asking = bus.Retry(note="asking the pool again", stop=stop.is_set)
     while not stop.is_set():
-        try:
-            reply = pool.call(BatchRequest(trainer_version=version, last_batch_id=last_batch_id, batch_size=batch_size))
-        except bus.BusTimeout as e:  # a pool that died holding the request: ask its successor (asking is idempotent)
-            log.warning("%s; asking the pool again", e)
-            continue
+        reply = None
+        for attempt in asking.attempts():
+            with attempt:
+                reply = pool.call(BatchRequest(trainer_version=version, last_batch_id=last_batch_id,
+                                               batch_size=batch_size))
+        if reply is None:
+            return None  # told to stop before the pool answered
         if isinstance(reply, Batch):
             return reply
         assert isinstance(reply, NoBatch)
@@ -73,14 +77,9 @@ def wait_for_batch(pool: bus.RpcClient, version: int, last_batch_id: int, batch_
 
 def commit_batch(pool: bus.RpcClient, batch_id: int, tries: int = 5) -> None:
     """Commit a batch to the pool; committing is idempotent, so a pool that died holding the request is asked again."""
-    for attempt in range(tries):
-        try:
+    for attempt in bus.Retry(tries, note=f"committing batch {batch_id} again").attempts():
+        with attempt:
             pool.call(Commit(batch_id=batch_id))
-            return
-        except bus.BusTimeout as e:
-            if attempt + 1 == tries:
-                raise
-            log.warning("%s; committing batch %d again", e, batch_id)
 
 
 def broadcast(obj, par: ParallelInfo):
