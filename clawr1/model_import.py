@@ -20,7 +20,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from clawr1.model_path import SUPPORTED_FAMILIES, check_model_dir
+from clawr1.model_dir import SUPPORTED_FAMILIES, check_model_dir
 from clawr1.runtime import file_sha256
 
 DONE = "clawr1_import.json"  # written last: a directory without it is an unfinished import

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from clawr1.config import ModelConfig
-from clawr1.model_path import ModelDirError, check_model_dir, load_tokenizer, resolve_model_path
+from clawr1.model_dir import ModelDirError, check_model_dir
+from clawr1.model_path import load_tokenizer, resolve_model_path
 from tests.conftest import REPO
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from clawr1.model_path import SUPPORTED_FAMILIES
+from clawr1.model_dir import SUPPORTED_FAMILIES
 
 
 
