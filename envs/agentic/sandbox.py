@@ -52,7 +52,7 @@ logger = logging.getLogger(__name__)
 
 WORKSPACE = "/workspace"  # where the episode's workspace appears inside the sandbox
 SANDBOX_UID = 65534  # "nobody": the uid commands run as, inside and (when we are root) on the host
-SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SYSTEM_PATH = toolchain.SYSTEM_PATH
 TOOLCHAIN = toolchain.MOUNT  # the read-only test toolchain inside every bwrap/unshare sandbox
 SANDBOX_PATH = f"{TOOLCHAIN}/bin:{SYSTEM_PATH}"
 SANDBOX_ENV = {"PATH": SANDBOX_PATH, "HOME": "/tmp", "LANG": "C.UTF-8", "TERM": "dumb"}
@@ -132,20 +132,13 @@ def bwrap_binary() -> str | None:
         return shutil.which("bwrap")
 
 
-def sandbox_python3() -> str:
-    """The system python3 the sandbox sees (host and sandbox share /usr): the toolchain's base."""
-    python3 = shutil.which("python3", path=SYSTEM_PATH)
-    if python3 is None:
-        raise SandboxError(f"no python3 on {SYSTEM_PATH}: the sandbox's test toolchain needs one")
-    return python3
-
-
 _toolchain_lock = threading.Lock()
 
 
 @functools.lru_cache(maxsize=None)
 def _cached_toolchain_source() -> Path:
-    return toolchain.bind_source(toolchain.toolchain_dir(sandbox_python3()), _host_user().get("user", os.geteuid()))
+    built = toolchain.toolchain_dir(toolchain.sandbox_python3())
+    return toolchain.bind_source(built, _host_user().get("user", os.geteuid()))
 
 
 def toolchain_source() -> Path:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MOUNT = "/opt/toolchain"  # where the toolchain appears inside every sandbox
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # host and sandbox share these
 DEFAULT_CACHE = Path("~/.cache/clawr1/toolchain").expanduser()
 MIN_PYTHON = (3, 10)  # pytest 9 needs it
 DONE = "toolchain.json"  # written last: a directory without it is an unfinished build
@@ -210,9 +211,15 @@ def bind_source(toolchain: Path, uid: int) -> Path:
     return copy
 
 
-def main() -> None:
-    from envs.agentic.sandbox import sandbox_python3
+def sandbox_python3() -> str:
+    """The system python3 the sandbox sees (host and sandbox share /usr): the toolchain's base."""
+    python3 = shutil.which("python3", path=SYSTEM_PATH)
+    if python3 is None:
+        raise ToolchainError(f"no python3 on {SYSTEM_PATH}: the sandbox's test toolchain needs one")
+    return python3
 
+
+def main() -> None:
     print(toolchain_dir(sandbox_python3()))
 
 

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from envs.agentic.sandbox import sandbox_python3
 from envs.agentic.toolchain import (DONE, MOUNT, PINS, Pin, ToolchainError, bind_source, pins_for, reachable_by,
-                                    toolchain_dir, toolchain_name)
+                                    sandbox_python3, toolchain_dir, toolchain_name)
 
 OTHER_UID = 65534 if os.getuid() != 65534 else 65533  # a user who owns none of our files
 INICONFIG = next(p for p in PINS if p.name == "iniconfig")
