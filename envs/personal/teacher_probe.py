@@ -10,16 +10,13 @@ For the current policy on held-out questions:
 
 The personal env logs both at every evaluation (`uptake_<kind>`, `auc_<kind>`), and
 
-    python -m envs.personal.teacher_probe --base-url http://127.0.0.1:8000 [--profile-seed 0] [--n 64]
+    python benchmarks/teacher_probe.py [--base-url http://127.0.0.1:8000] [--profiles 0] [--n 64]
 
-prints the table for a running clawr1 gateway (it scores through its /v1/score).
+prints the table, for a running clawr1 gateway or one it starts (it scores through the gateway's /v1/score).
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
-import sys
 from typing import Any, Callable, Optional, Sequence
 
 from clawr1.algo.advantages import signal_auc
@@ -87,38 +84,3 @@ async def probe(client: Any, questions: Sequence[str], plain_answers: Sequence[s
     hinted_answers = await asyncio.gather(*(hinted(i, q) for i, q in enumerate(questions)))
     return {**uptake(plain_answers, hinted_answers, profile, read),
             **await signal_quality(client, questions, plain_answers, profile, read, wording=wording)}
-
-
-def _main(argv: Optional[list[str]] = None) -> int:
-    from clawr1.chat_client import GatewayChat
-    from envs.personal.env import PersonalEnv
-
-    p = argparse.ArgumentParser(prog="python -m envs.personal.teacher_probe", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--base-url", required=True, help="a clawr1 gateway, e.g. http://127.0.0.1:8000")
-    p.add_argument("--profile-seed", type=int, default=0)
-    p.add_argument("--n", type=int, default=64, help="held-out questions")
-    p.add_argument("--max-tokens", type=int, default=48)
-    p.add_argument("--reader", default="exact", help="how answers are read: exact (the tiny model) or free_text")
-    args = p.parse_args(argv)
-
-    async def go() -> dict:
-        env = PersonalEnv({"profile_seed": args.profile_seed, "probe_teacher": True, "reader": args.reader})
-        chat = GatewayChat(args.base_url.rstrip("/").removesuffix("/v1"), None, "clawr1-policy", args.max_tokens, 1.0)
-        try:
-            return await env.evaluate(chat, args.n, "teacher-probe")
-        finally:
-            await chat.close()
-
-    result = asyncio.run(go())
-    kinds = [k.removeprefix("uptake_") for k in result if k.startswith("uptake_")]
-    print("| kind | satisfied with the hint | uptake | AUC |\n|---|---|---|---|")
-    for k in kinds:
-        a = result.get(f"auc_{k}")
-        print(f"| {k} | {result[f'hinted_{k}']:.2f} | {result[f'uptake_{k}']:+.2f} | {'-' if a is None else f'{a:.2f}'} |")
-    print(json.dumps(result))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_main())
