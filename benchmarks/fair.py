@@ -8,7 +8,7 @@
    bootstrap 95% interval for combined minus the best of the others, over (user, seed) pairs; a PNG of the
    curves with a band over runs per accuracy and setting.
 
-Every run is cached by its settings (benchmarks/run_cache.py), so the protocol resumes where it stopped, and
+Every run is cached by its settings (benchmarks/runs.py), so the protocol resumes where it stopped, and
 `--report-only` summarizes what has finished without running anything.
 """
 from __future__ import annotations
@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Optional
 
 from benchmarks.bands import plot_bands
-from benchmarks.personalization import SETTINGS, run_dir, run_one, scores
+from benchmarks.personal_runs import SETTINGS, personal_run
+from benchmarks.runs import scores
 from benchmarks.stats import paired_bootstrap, sample_std
 from clawr1.report import load_run
 from envs.personal.env import make_profile
@@ -69,19 +70,19 @@ class Runner:
     def outcome(self, choice: Choice, accuracy: float, setting: str, user: int, seed: int) -> Optional[Outcome]:
         a = self.args
         extra = [*choice.overrides, *a.overrides]
-        path = run_dir(self.out, choice.recipe, accuracy, user, seed, a.steps, extra, a.recipe_file, setting)
-        ran = not (path / "summary.json").exists()
+        run = personal_run(self.out, choice.recipe, accuracy, user, seed, a.steps, extra, a.recipe_file, setting)
+        ran = not run.finished
         if ran and a.report_only:
             return None
-        took = run_one(path, choice.recipe, accuracy, user, seed, a.steps, extra, a.recipe_file, setting) if ran else 0
-        final, area = scores(path)
+        took = run.start()
+        final, area = scores(run.path)
         if ran:
             print(f"[fair] {setting} acc {accuracy:g} user {user} seed {seed} {choice.label}: final {final:.3f} "
                   f"area {area:.3f} ({took:.1f} min)", file=sys.stderr, flush=True)
-        run = load_run(path)
-        first_probe = run.teacher.get(min(run.teacher)) if run.teacher else {}
+        curves = load_run(run.path)
+        first_probe = curves.teacher.get(min(curves.teacher)) if curves.teacher else {}
         uptakes = [v for k, v in first_probe.items() if k.startswith("uptake_")]
-        return Outcome(final, area, run.series["score"], statistics.fmean(uptakes) if uptakes else None)
+        return Outcome(final, area, curves.series["score"], statistics.fmean(uptakes) if uptakes else None)
 
 
 def tune(runner: Runner, recipes: list[str], lrs: list[str], teachers: list[str], accuracy: float,

@@ -11,23 +11,21 @@ Each user's score is their held-out personalization score at the run's last eval
 Usage: python benchmarks/lora_users.py [--seeds 3] [--steps 150] [--lora-lr 3e-3] [--judge-accuracy 0.7]
                                        [--out runs/lora_users] [override ...]
 A finished run (one with a summary.json) is kept, so the command can be resumed; a run directory's name ends
-in a hash of its settings (benchmarks/run_cache.py), so other overrides never reuse it. Prints one JSON line and
+in a hash of its settings, so other overrides never reuse it (benchmarks/runs.py). Prints one JSON line and
 writes OUT/results.md.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.run_cache import run_path  # noqa: E402
+from benchmarks.runs import Run, last_evaluation  # noqa: E402
 from benchmarks.stats import mean_std  # noqa: E402
-from clawr1.tracking import read_metrics  # noqa: E402
 
 USERS = (0, 1)
 RECIPE = REPO / "recipes/combined/cpu.yaml"
@@ -48,23 +46,18 @@ def settings(seed: int, accuracy: float, overrides: list[str], extra: list[str])
     return [f"run.seed={seed}", f"judge.score_noise={1 - accuracy:g}", *overrides, *extra]
 
 
-def run(path: Path, seed: int, accuracy: float, overrides: list[str], extra: list[str]) -> None:
-    if (path / "summary.json").exists():
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "clawr1.cli", "run", str(RECIPE.relative_to(REPO)), f"run.dir={path}",
-           *settings(seed, accuracy, overrides, extra), "--overwrite"]
-    print(f"[lora_users] {path.name}: {' '.join(overrides)}", flush=True)
-    with open(path.parent / f"{path.name}.out", "w") as log:
-        code = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
-    if code != 0:
-        raise SystemExit(f"{' '.join(cmd)} exited {code}; see {path.parent / (path.name + '.out')}")
+def finished_run(out: Path, name: str, seed: int, accuracy: float, overrides: list[str], extra: list[str]) -> Path:
+    """The run directory of configuration `name` for this seed, run to the end unless it finished before."""
+    run = Run(out, f"{name}-s{seed}", RECIPE, tuple(settings(seed, accuracy, overrides, extra)))
+    if not run.finished:
+        print(f"[lora_users] {run.path.name}: {' '.join(overrides)}", flush=True)
+    run.start()
+    return run.path
 
 
 def final_scores(path: Path) -> dict[int, float]:
     """Each user's held-out score at the run's last evaluation (a one-user run: its own user only)."""
-    evals = [r for r in read_metrics(path) if r.get("loop") == "rollout" and "eval_metric" in r]
-    last = max(evals, key=lambda r: r["eval_version"])
+    last = last_evaluation(path)
     per_user = {u: last[f"personalization_score_u{u}"] for u in USERS if f"personalization_score_u{u}" in last}
     if per_user:
         return per_user
@@ -84,8 +77,7 @@ def main() -> int:
     scores: dict[str, dict[int, list[float]]] = {}
     for seed in range(args.seeds):
         for name, overrides in configs(args.steps, args.lora_lr).items():
-            path = run_path(out, f"{name}-s{seed}", RECIPE, settings(seed, args.judge_accuracy, overrides, args.overrides))
-            run(path, seed, args.judge_accuracy, overrides, args.overrides)
+            path = finished_run(out, name, seed, args.judge_accuracy, overrides, args.overrides)
             for user, score in final_scores(path).items():
                 scores.setdefault(name, {}).setdefault(user, []).append(score)
     single = {u: scores[f"single_u{u}"][u] for u in USERS}

@@ -5,16 +5,15 @@
         [--only-finished] [--recipe-file cpu.yaml] [override ...]
     python benchmarks/personalization.py --protocol fair --judge-accuracy 1.0,0.7 [...]   (benchmarks/fair.py)
 
-Runs `clawr1 run recipes/<recipe>/<recipe-file>` once per configuration, one after another (a finished
-run, one with a summary.json, is kept and not run again, so the command can be resumed; a run directory's
-name ends in a hash of its settings, benchmarks/run_cache.py, so other overrides never reuse it). A judge of
-accuracy a errs with probability 1 - a: in the realistic setting (the default) it flips scores
-(judge.score_noise) and spoils hints (judge.hint_noise, judge.hint_drop: half each) while users word their
-wishes freely (rollout.env_args.phrasing=free); in the oracle setting users say the warm start's directives
-and only scores err. Per recipe x accuracy x user it reports the mean and standard deviation over seeds of
-the final held-out score and of the area under the score curve (the mean score over the evaluated versions:
-sample efficiency), prints one JSON line, and writes a markdown table, and curves per user and accuracy
-through `clawr1 report`.
+Runs `clawr1 run recipes/<recipe>/<recipe-file>` once per configuration, one after another, through
+benchmarks/runs.py (a finished run, one with a summary.json, is kept and not run again, so the command can be
+resumed; a run directory's name ends in a hash of its settings, so other overrides never reuse it). A judge of
+accuracy a errs with probability 1 - a: in the realistic setting (the default) it flips scores and spoils
+hints while users word their wishes freely; in the oracle setting users say the warm start's directives and
+only scores err (benchmarks/personal_runs.py). Per recipe x accuracy x user it reports the mean and standard
+deviation over seeds of the final held-out score and of the area under the score curve (the mean score over
+the evaluated versions: sample efficiency), prints one JSON line, and writes a markdown table, and curves per
+user and accuracy through `clawr1 report`.
 """
 from __future__ import annotations
 
@@ -23,63 +22,16 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.run_cache import run_path  # noqa: E402
+from benchmarks import fair  # noqa: E402
+from benchmarks.personal_runs import SETTINGS, personal_run  # noqa: E402
+from benchmarks.runs import scores  # noqa: E402
 from benchmarks.stats import mean_std  # noqa: E402
 from clawr1.report import load_run  # noqa: E402
-
-
-SETTINGS = ("realistic", "oracle")
-
-
-def judge_settings(accuracy: float, setting: str) -> list[str]:
-    """realistic: users word their wishes freely, and the judge errs at rate 1 - accuracy in its scores and in its
-    hints (half of the hint errors a wrong hint, half a lost one); oracle (the setting before issue 33): users
-    say the warm start's directives word for word, and only the scores err."""
-    error = 1 - accuracy
-    if setting == "oracle":
-        return ["rollout.env_args.phrasing=canonical", f"judge.score_noise={error:g}"]
-    return ["rollout.env_args.phrasing=free", f"judge.score_noise={error:g}", f"judge.hint_noise={error / 2:g}",
-            f"judge.hint_drop={error / 2:g}"]
-
-
-def run_settings(accuracy: float, profile: int, seed: int, steps: int, extra: list[str],
-                 setting: str = "realistic") -> list[str]:
-    return [f"run.seed={seed}", f"run.max_steps={steps}", f"rollout.env_args.profile_seed={profile}",
-            *judge_settings(accuracy, setting), *extra]
-
-
-def run_dir(out: Path, recipe: str, accuracy: float, profile: int, seed: int, steps: int, extra: list[str],
-            recipe_file: str = "cpu.yaml", setting: str = "realistic") -> Path:
-    return run_path(out / setting / f"acc{accuracy:g}" / f"p{profile}", f"{recipe}-s{seed}",
-                    REPO / "recipes" / recipe / recipe_file, run_settings(accuracy, profile, seed, steps, extra, setting))
-
-
-def run_one(path: Path, recipe: str, accuracy: float, profile: int, seed: int, steps: int, extra: list[str],
-            recipe_file: str = "cpu.yaml", setting: str = "realistic") -> float:
-    """Run one configuration into `path` unless it finished there before; the minutes it took (0: cached)."""
-    if (path / "summary.json").exists():
-        return 0.0
-    path.parent.mkdir(parents=True, exist_ok=True)
-    t0 = time.monotonic()
-    cmd = [sys.executable, "-m", "clawr1.cli", "run", f"recipes/{recipe}/{recipe_file}", f"run.dir={path}",
-           *run_settings(accuracy, profile, seed, steps, extra, setting), "--overwrite"]
-    with open(path.parent / f"{path.name}.out", "w") as log:
-        code = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
-    if code != 0:
-        raise SystemExit(f"{' '.join(cmd)} exited {code}; see {path.parent / (path.name + '.out')}")
-    return (time.monotonic() - t0) / 60
-
-
-def scores(path: Path) -> tuple[float, float]:
-    """(final held-out score, area under the score curve: the mean over evaluated versions)."""
-    curve = load_run(path).series["score"]
-    return curve[-1][1], statistics.fmean(v for _, v in curve)
 
 
 def collapsed(path: Path) -> bool:
@@ -103,8 +55,6 @@ def teacher_rows(label: str, probes: list[dict[str, float]]) -> list[str]:
 
 
 def main() -> int:
-    from benchmarks import fair
-
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--recipes", default="binary_rl,opd,combined")
     p.add_argument("--seeds", type=int, default=3)
@@ -137,18 +87,17 @@ def main() -> int:
             dirs = []
             for recipe in recipes:
                 finals, areas = [], []
-                paths = [run_dir(out, recipe, accuracy, profile, seed, args.steps, args.overrides, args.recipe_file,
-                                 args.setting)
-                         for seed in range(1, args.seeds + 1)]
-                if args.only_finished and not all((p / "summary.json").exists() for p in paths):
+                seed_runs = [personal_run(out, recipe, accuracy, profile, seed, args.steps, args.overrides,
+                                          args.recipe_file, args.setting)
+                             for seed in range(1, args.seeds + 1)]
+                if args.only_finished and not all(run.finished for run in seed_runs):
                     continue
-                for seed, path in zip(range(1, args.seeds + 1), paths):
-                    took = run_one(path, recipe, accuracy, profile, seed, args.steps, args.overrides, args.recipe_file,
-                                   args.setting)
-                    final, area = scores(path)
+                for seed, run in zip(range(1, args.seeds + 1), seed_runs):
+                    took = run.start()
+                    final, area = scores(run.path)
                     finals.append(final)
                     areas.append(area)
-                    dirs.append(path)
+                    dirs.append(run.path)
                     print(f"[bench] acc {accuracy:g} user {profile} {recipe} seed {seed}: final {final:.3f} "
                           f"area {area:.3f} ({took:.1f} min)", file=sys.stderr, flush=True)
                 key = f"{recipe}/acc{accuracy:g}/p{profile}"

@@ -21,7 +21,8 @@ from clawr1.config import load_config  # noqa: E402
 
 
 # (section, field) -> the default that reproduces the behaviour from before the field was added
-NEUTRAL_DEFAULTS = {("algo", "balance"): "none"}
+# serve.device: the embedded engine ran on the CPU only before the field existed
+NEUTRAL_DEFAULTS = {("algo", "balance"): "none", ("serve", "device"): "cpu"}
 
 
 def settings_hash(recipe: Path, overrides: list[str]) -> str:

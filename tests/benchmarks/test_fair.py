@@ -7,7 +7,7 @@ import json
 import pytest
 
 from benchmarks import fair
-from benchmarks.personalization import run_dir
+from benchmarks.personal_runs import personal_run
 
 
 def args(tmp_path, **kw) -> argparse.Namespace:
@@ -19,7 +19,8 @@ def finish(runner: fair.Runner, choice: fair.Choice, accuracy: float, setting: s
            curve: list[float], probe: dict | None = None) -> None:
     """A finished run of this configuration, where the protocol looks for it: held-out scores every 25 versions."""
     a = runner.args
-    path = run_dir(runner.out, choice.recipe, accuracy, user, seed, a.steps, [*choice.overrides], a.recipe_file, setting)
+    path = personal_run(runner.out, choice.recipe, accuracy, user, seed, a.steps, [*choice.overrides], a.recipe_file,
+                        setting).path
     path.mkdir(parents=True)
     rows = [{"loop": "rollout", "time": float(i), "eval_metric": "personalization_score", "eval_version": 25 * i,
              "personalization_score": v} for i, v in enumerate(curve)]

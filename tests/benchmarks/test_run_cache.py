@@ -1,11 +1,15 @@
 """Benchmark run directories are named by their settings: other overrides never reuse a cached run."""
 from __future__ import annotations
 
-from benchmarks.personalization import run_dir
+from benchmarks.personal_runs import personal_run
 from benchmarks.run_cache import settings_hash
 from tests.conftest import REPO
 
 RECIPE = REPO / "recipes/combined/cpu.yaml"
+
+
+def run_dir(*args, **kw):
+    return personal_run(*args, **kw).path
 
 
 def test_the_same_settings_name_the_same_run_and_other_settings_another(tmp_path):

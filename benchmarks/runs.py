@@ -1,0 +1,74 @@
+"""The one runner for the benchmarks that train runs to the end (benchmarks/personalization.py, its fair
+protocol in benchmarks/fair.py, benchmarks/lora_users.py): a run's directory, named by its settings; the cache;
+the start; the held-out scores read back.
+
+A run directory's name ends in a hash of the run's resolved config (benchmarks/run_cache.py: a run cached
+before keeps its name while its settings hold), so other overrides, or an edited recipe, never reuse it.
+The cache is the run directory itself: a finished run, one with a summary.json, is kept and never run again,
+so a benchmark resumes where it stopped.
+"""
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.run_cache import run_path  # noqa: E402
+from clawr1.report import load_run  # noqa: E402
+from clawr1.tracking import read_metrics  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run of `recipe` (a file under the repository) with `overrides`, in parent/<name>-<settings hash>.
+
+    The overrides name the directory and start the run, so a cached run always has the settings asked for."""
+
+    parent: Path
+    name: str
+    recipe: Path
+    overrides: tuple[str, ...]
+
+    @cached_property
+    def path(self) -> Path:
+        return run_path(self.parent, self.name, self.recipe, list(self.overrides))
+
+    @property
+    def finished(self) -> bool:
+        return (self.path / "summary.json").exists()
+
+    def start(self) -> float:
+        """Run it to the end unless it finished before: the minutes it took (0: cached). Its output goes to
+        <path>.out beside the run directory; a run that fails ends the benchmark."""
+        if self.finished:
+            return 0.0
+        path = self.path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        cmd = [sys.executable, "-m", "clawr1.cli", "run", str(self.recipe.relative_to(REPO)), f"run.dir={path}",
+               *self.overrides, "--overwrite"]
+        log_path = path.parent / f"{path.name}.out"
+        with open(log_path, "w") as log:
+            code = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
+        if code != 0:
+            raise SystemExit(f"{' '.join(cmd)} exited {code}; see {log_path}")
+        return (time.monotonic() - t0) / 60
+
+
+def scores(path: Path) -> tuple[float, float]:
+    """(final held-out score, area under the score curve: the mean over evaluated versions)."""
+    curve = load_run(path).series["score"]
+    return curve[-1][1], statistics.fmean(v for _, v in curve)
+
+
+def last_evaluation(path: Path) -> dict:
+    """The metrics row of the run's held-out evaluation of its latest version."""
+    evals = [r for r in read_metrics(path) if r.get("loop") == "rollout" and "eval_metric" in r]
+    return max(evals, key=lambda r: r["eval_version"])

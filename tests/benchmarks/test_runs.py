@@ -1,0 +1,45 @@
+"""The benchmark runner (benchmarks/runs.py): a finished run is the cache, a failed one ends the benchmark."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.runs import Run, last_evaluation, scores
+from tests.conftest import REPO
+
+RECIPE = REPO / "recipes/combined/cpu.yaml"
+
+
+def write_evaluations(path, rows: list[dict]) -> None:
+    path.mkdir(parents=True)
+    (path / "metrics.jsonl").write_text("".join(json.dumps({"loop": "rollout", "time": float(i), **r}) + "\n"
+                                                for i, r in enumerate(rows)))
+
+
+def test_a_finished_run_is_not_started_again(tmp_path):
+    run = Run(tmp_path, "combined-s1", RECIPE, ("run.max_steps=3",))
+    assert run.path.parent == tmp_path and run.path.name.startswith("combined-s1-") and not run.finished
+    run.path.mkdir()
+    (run.path / "summary.json").write_text("{}")
+    assert run.finished and run.start() == 0.0
+    assert list(tmp_path.iterdir()) == [run.path]  # no log: nothing ran
+
+
+def test_a_run_that_fails_ends_the_benchmark_and_names_its_log(tmp_path):
+    run = Run(tmp_path / "sweep", "combined-s1", RECIPE, ("run.max_steps=3",))
+    run.path.parent.mkdir()
+    run.path.write_text("a file where the run directory should be")  # `clawr1 run` cannot use it: exits non-zero
+    with pytest.raises(SystemExit, match=f"run.dir={run.path} run.max_steps=3 --overwrite exited 1; see "
+                                         f"{run.path.parent / (run.path.name + '.out')}"):
+        run.start()
+    assert str(run.path) in (run.path.parent / f"{run.path.name}.out").read_text()  # the CLI's own error
+
+
+def test_scores_are_the_last_and_the_mean_of_the_held_out_curve_in_version_order(tmp_path):
+    rows = [{"eval_metric": "personalization_score", "eval_version": v, "personalization_score": s,
+             "personalization_score_u0": s / 2} for v, s in ((50, 0.5), (0, 0.25), (25, 0.75))]
+    write_evaluations(tmp_path / "run", rows)
+    final, area = scores(tmp_path / "run")
+    assert (final, area) == (0.5, 0.5)  # exact binary fractions: their sum and mean round nowhere
+    assert last_evaluation(tmp_path / "run")["personalization_score_u0"] == 0.25
