@@ -145,6 +145,9 @@ class ServeConfig(Section):
     # the embedded engine refuses to start when weights + KV cache exceed this; 0: the memory available
     memory_budget_gb: NonNegativeFloat = 0.0
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # the embedded engine's device. cuda: weights and KV cache in GPU memory (use dtype bfloat16), the budget above
+    # is GPU memory; with the trainer on the same GPU each engine takes its budget and leaves the rest to it
+    device: Literal["cpu", "cuda"] = "cpu"
     weight_version: NonNegativeInt = 0  # the version the loaded weights carry (a restarted engine: the newest published)
     # LoRA serving (SGLang: --enable-lora --max-loras-per-batch --max-lora-rank): adapters held at once; 0: off.
     # lora.sync=adapter needs 3 per slot (the newest version, the one before finishing its requests, and the one
@@ -303,9 +306,11 @@ class TrainerConfig(Section):
     keep_weight_versions: PositiveInt = 2  # how many published weight directories stay on disk
     # disk: safetensors in RUN_DIR/weights + /update_weights_from_disk (the engines must see that directory);
     # http: the safetensors bytes streamed into each embedded engine's /update_weights_from_tensor (no shared disk;
-    # the default with cluster.backend=ray and embedded engines); nccl: SGLang's distributed update
-    weight_sync: Literal["disk", "http", "nccl"] = "disk"
-    weight_sync_bucket_mb: PositiveInt = 512  # nccl: tensors per /update_weights_from_distributed call, by size
+    # the default with cluster.backend=ray and embedded engines); nccl: SGLang's distributed update; ipc: trainer and
+    # embedded engines on the same GPU, the tensors shared in place as CUDA IPC handles (clawr1/engine_api/ipc.py)
+    weight_sync: Literal["disk", "http", "nccl", "ipc"] = "disk"
+    # nccl: tensors per /update_weights_from_distributed call, by size; ipc: the size of each shared bucket
+    weight_sync_bucket_mb: PositiveInt = 512
     # nccl: the address the engines reach trainer rank 0's weight-update rendezvous at (a TCPStore on a free port).
     # Empty: trainer.host when routable (`clawr1 run` on Ray sets it to rank 0's node address); else, with an engine
     # on another machine, this machine's address on the route to it; else 127.0.0.1 (everything on one machine)
@@ -527,6 +532,11 @@ class Config(Section):
         if self.trainer.weight_sync == "http" and self.serve.backend != "embedded":
             raise ValueError("trainer.weight_sync=http streams safetensors into the embedded engine's "
                              "/update_weights_from_tensor; SGLang engines take trainer.weight_sync=nccl or disk")
+        if self.trainer.weight_sync == "ipc" and (self.serve.backend != "embedded" or self.cluster.backend != "local"
+                                                  or self.gateway.engine_urls):
+            raise ValueError("trainer.weight_sync=ipc shares the trainer's tensors in place with the embedded engines "
+                             "it starts on the same machine (serve.backend=embedded, cluster.backend=local, no "
+                             "gateway.engine_urls)")
         return self
 
     # ---- derived addresses, so every loop finds every other from the same tree ----

@@ -138,12 +138,17 @@ class Engine:
     """One model, one scheduler thread, many concurrent requests."""
 
     def __init__(self, model_path: str | Path, dtype: str = "float32", max_running: int = 32,
-                 weight_version: int = 0, max_context: Optional[int] = None, max_loras: int = 0, max_lora_rank: int = 64):
+                 weight_version: int = 0, max_context: Optional[int] = None, max_loras: int = 0, max_lora_rank: int = 64,
+                 device: str = "cpu"):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        if max_loras and device != "cpu":
+            raise ValueError("LoRA serving (serve.max_loras) runs on the embedded engine's CPU path only; use "
+                             "serve.device=cpu or SGLang")
+        self.device = torch.device(device)
         self.model_path = str(model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=getattr(torch, dtype))
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=getattr(torch, dtype)).to(self.device)
         self.model = model
         self.max_running = max_running
         self.max_context = max_context or getattr(model.config, "max_position_embeddings", 4096)
@@ -389,7 +394,7 @@ class Engine:
         for r in admitted:
             self._prefill(r)
         if decoding:
-            tokens = torch.tensor([r.output_ids[-1] for r in decoding])
+            tokens = torch.tensor([r.output_ids[-1] for r in decoding], device=self.device)
             with self._adapters_of(decoding):
                 hidden = self.runner.decode(tokens, [r.slot for r in decoding])
             self._sample(decoding, self.runner.logits(hidden))
@@ -401,7 +406,7 @@ class Engine:
         req = r.req
         r.slot = self.runner.cache.take()
         with self._adapters_of([r]):
-            hidden = self.runner.prefill(torch.tensor(req.input_ids + r.output_ids), r.slot)
+            hidden = self.runner.prefill(torch.tensor(req.input_ids + r.output_ids, device=self.device), r.slot)
         if r.output_ids:  # retracted: its prompt log-probs were taken the first time
             self._running.append(r)
             self._sample([r], self.runner.logits(hidden[-1:]))
@@ -424,7 +429,7 @@ class Engine:
         s, ids = r.req.logprob_start_len, r.req.input_ids
         temperature = r.req.input_logprob_temperature
         logp = torch.log_softmax(self.runner.logits(hidden[s:-1]) / temperature, dim=-1) if s < len(ids) - 1 else None
-        targets = torch.tensor(ids[s + 1:])
+        targets = torch.tensor(ids[s + 1:], device=self.device)
         values = logp.gather(1, targets[:, None])[:, 0].tolist() if logp is not None else []
         r.input_logprobs = [[None, ids[s], None]] + [[v, t, None] for v, t in zip(values, ids[s + 1:])]
         if r.req.top_logprobs_num > 0:
@@ -432,19 +437,20 @@ class Engine:
 
     def _sample(self, batch: list[_Running], logits: torch.Tensor) -> None:
         """One token for each request of the batch: log-probs batched, randomness per request (its seed)."""
-        temps = torch.tensor([1.0 if r.req.params.greedy else r.req.params.temperature for r in batch])
+        temps = torch.tensor([1.0 if r.req.params.greedy else r.req.params.temperature for r in batch], device=self.device)
         logp = torch.log_softmax(logits / temps[:, None], dim=-1)
         probs = logp.exp()
-        u = torch.stack([torch.rand((), generator=r.generator) for r in batch])
+        u = torch.stack([torch.rand((), generator=r.generator) for r in batch])  # each request's own CPU generator
         for i, r in enumerate(batch):
             if r.req.params.greedy:
                 u[i] = -1.0  # marks greedy rows
             elif _filters(r.req.params):
                 probs[i] = _filtered_probs(logp[i], r.req.params)
+        u = u.to(self.device)
         cdf = probs.cumsum(dim=-1)
         sampled = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None])[:, 0].clamp(max=logits.shape[-1] - 1)
         tokens = torch.where(u < 0, logits.argmax(dim=-1), sampled).tolist()
-        chosen = logp.gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist()
+        chosen = logp.gather(1, torch.tensor(tokens, device=self.device)[:, None])[:, 0].tolist()
         for i, (r, token, lp) in enumerate(zip(batch, tokens, chosen)):
             r.output_ids.append(token)
             self.tokens_total += 1

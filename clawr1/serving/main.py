@@ -7,12 +7,14 @@ from pathlib import Path
 import torch
 import uvicorn
 
+from clawr1.cluster import is_partitioned
 from clawr1.config import Config
 from clawr1.runtime import freeze_startup_objects, setup_logging
 from clawr1.engine_api.lora import adapter_name, read_current
 from clawr1.serving.adapters import AdapterError, read_peft_dir
 from clawr1.serving.engine import Engine, RequestError
-from clawr1.serving.memory import GIB, EngineMemoryError, check_fits, plan_engine
+from clawr1.serving.memory import (GIB, EngineMemoryError, EnginePlan, check_colocation, check_fits, plan_engine,
+                                   trainer_bytes)
 from clawr1.serving.server import create_app
 from clawr1.model_path import resolve_model_path
 
@@ -35,6 +37,29 @@ def load_published_adapters(engine: Engine, adapters_dir: Path) -> None:
     log.info("loaded the published adapters of version %d: %s", version, sorted(engine.loaded_adapters()))
 
 
+def engines_beside_trainer(cfg: Config) -> int:
+    """How many embedded engines share the trainer's GPU: on one machine without a device partition every
+    process uses the first GPU; with a partition (cluster.*_gpus, disjoint) none does."""
+    if cfg.serve.device != "cuda" or cfg.cluster.backend != "local" or is_partitioned(cfg):
+        return 0
+    return cfg.serve.num_engines + int(cfg.judge.runs_own_teacher) + int(cfg.judge.runs_own_prm)
+
+
+def check_memory(cfg: Config, path: Path, plan: EnginePlan) -> None:
+    """The plan within serve.memory_budget_gb; beside the trainer, all engines' budgets and the trainer within the card."""
+    s = cfg.serve
+    engines = engines_beside_trainer(cfg)
+    if engines and not s.memory_budget_gb:
+        raise EngineMemoryError("the engine shares the GPU with the trainer: set serve.memory_budget_gb, the GPU "
+                                "memory each engine takes (the trainer gets the rest)")
+    check_fits(plan, s.memory_budget_gb, s.device)
+    if not engines:
+        return
+    t = cfg.trainer
+    need = trainer_bytes(path, t.precision, t.max_tokens_per_microbatch, t.logprob_chunk_tokens)
+    check_colocation(int(s.memory_budget_gb * GIB), engines, need, torch.cuda.get_device_properties(0).total_memory)
+
+
 def main(cfg: Config) -> int:
     setup_logging("serve")
     path = resolve_model_path(cfg.model)
@@ -46,14 +71,16 @@ def main(cfg: Config) -> int:
     s = cfg.serve
     plan = plan_engine(path, s.dtype, s.max_running_requests, s.context_length)
     try:
-        check_fits(plan, s.memory_budget_gb)
+        check_memory(cfg, path, plan)
     except EngineMemoryError as e:
         log.error("%s", e)
         return 2
     engine = Engine(path, dtype=s.dtype, max_running=s.max_running_requests, max_context=plan.context,
-                    weight_version=s.weight_version, max_loras=s.max_loras, max_lora_rank=s.max_lora_rank)
-    log.info("engine on %s serving %s (%d requests x %d tokens; weights %.2f GiB + KV cache %.2f GiB)", cfg.engine_url,
-             path, plan.slots, plan.context, plan.weights_bytes / GIB, plan.kv_cache_bytes / GIB)
+                    weight_version=s.weight_version, max_loras=s.max_loras, max_lora_rank=s.max_lora_rank,
+                    device=s.device)
+    log.info("engine on %s serving %s on %s (%d requests x %d tokens; weights %.2f GiB + KV cache %.2f GiB)",
+             cfg.engine_url, path, s.device, plan.slots, plan.context, plan.weights_bytes / GIB,
+             plan.kv_cache_bytes / GIB)
     if s.max_loras:
         load_published_adapters(engine, cfg.run_dir / "adapters")
     freeze_startup_objects()

@@ -30,11 +30,12 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 class SlotCache:
     """Keys and values for `slots` requests of up to `capacity` tokens, per layer."""
 
-    def __init__(self, layers: int, slots: int, kv_heads: int, capacity: int, head_dim: int, dtype: torch.dtype):
+    def __init__(self, layers: int, slots: int, kv_heads: int, capacity: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device = torch.device("cpu")):
         shape = (slots, kv_heads, capacity, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype) for _ in range(layers)]
-        self.values = [torch.zeros(shape, dtype=dtype) for _ in range(layers)]
-        self.lengths = torch.zeros(slots, dtype=torch.long)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.lengths = torch.zeros(slots, dtype=torch.long, device=device)
         self.capacity = capacity
         self.free = list(range(slots - 1, -1, -1))
 
@@ -57,17 +58,19 @@ class ModelRunner:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.decoder = hf_model.model
         self.lm_head = hf_model.lm_head
-        dtype = next(hf_model.parameters()).dtype
-        self.cache = SlotCache(cfg.num_hidden_layers, slots, self.kv_heads, capacity, self.head_dim, dtype)
+        weight = next(hf_model.parameters())
+        self.device = weight.device
+        self.cache = SlotCache(cfg.num_hidden_layers, slots, self.kv_heads, capacity, self.head_dim, weight.dtype,
+                               self.device)
 
     @torch.inference_mode()
     def prefill(self, ids: torch.Tensor, slot: int) -> torch.Tensor:
         """Hidden states [n, hidden] of a new request's prompt; its keys and values fill `slot`."""
         n = ids.numel()
-        positions = torch.arange(n)
+        positions = torch.arange(n, device=self.device)
         x = self.decoder.embed_tokens(ids)[None]
         cos, sin = self._rotary(x, positions)
-        causal = torch.ones(n, n, dtype=torch.bool).tril()
+        causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
         for i, layer in enumerate(self.decoder.layers):
             q, k, v = self._qkv(layer, layer.input_layernorm(x)[0], cos, sin)  # [n, heads, hd]
             self.cache.keys[i][slot, :, :n] = k.transpose(0, 1)
@@ -82,12 +85,12 @@ class ModelRunner:
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, slots: list[int]) -> torch.Tensor:
         """Hidden states [B, hidden] after one more token for each slot; the caches grow by one."""
-        slot_idx = torch.tensor(slots)
+        slot_idx = torch.tensor(slots, device=self.device)
         positions = self.cache.lengths[slot_idx]
         longest = int(positions.max()) + 1
         x = self.decoder.embed_tokens(tokens)[None]  # [1, B, hidden]
         cos, sin = self._rotary(x, positions)
-        visible = torch.arange(longest)[None, :] <= positions[:, None]  # [B, L]: each slot's filled part
+        visible = torch.arange(longest, device=self.device)[None, :] <= positions[:, None]  # [B, L]: each slot's filled part
         mask = visible[:, None, None, :]
         for i, layer in enumerate(self.decoder.layers):
             q, k, v = self._qkv(layer, layer.input_layernorm(x)[0], cos, sin)  # [B, heads, hd]

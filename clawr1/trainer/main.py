@@ -197,17 +197,21 @@ class Trainer:
         """The weight version of the current weights: the number of steps they have taken."""
         return self.step
 
-    def publish(self) -> None:
+    def publish(self) -> int:
+        """Hand the new weights to the engines; returns the bytes handed over (0 on other ranks)."""
         lc = self.cfg.lora
         if lc.serves_adapters:
             adapters = gather_adapters(self.policy)
             if self.lead:
                 config = peft_config(self.policy.lora.shape, str(self.model_path))
                 self.publisher.publish_adapters(adapters, config, version=self.version, step=self.step)
-            return
+                return sum(t.nbytes for slot in adapters.values() for t in slot.values())
+            return 0
         hf_state = gather_hf_state(self.policy)
         if self.lead:
             self.publisher.publish(hf_state, version=self.version, step=self.step)
+            return sum(t.nbytes for t in hf_state.values())
+        return 0
 
     def checkpoint_and_commit(self, force: bool = False) -> None:
         every = self.cfg.trainer.checkpoint_every
@@ -239,11 +243,14 @@ class Trainer:
         trained_at = self.version
         self.step += 1
         self.last_batch_id = batch.batch_id
-        self.publish()
+        t1 = time.monotonic()
+        published_bytes = self.publish()
+        publish_s = time.monotonic() - t1
         self.checkpoint_and_commit()
         stale = [trained_at - min(s.versions) for s in batch.samples]
         stats.update(
             tokens_per_s=stats["tokens"] / train_s, train_s=train_s, step_s=time.monotonic() - t0,
+            publish_s=publish_s, published_bytes=published_bytes,
             staleness_mean=sum(stale) / len(stale), staleness_max=max(stale),
             max_token_version=max(max(s.versions) for s in batch.samples), trained_at_version=trained_at,
             dropped_stale=batch.dropped_stale, pool_pending=batch.pending, batch_id=batch.batch_id, version=self.version,

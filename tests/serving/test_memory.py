@@ -3,6 +3,7 @@ model's maximum, and a clear refusal (never the kernel's kill) when weights plus
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from clawr1.model_path import CPU_DEFAULT_CONTEXT, engine_context
 from clawr1.serving.memory import plan_engine
@@ -52,3 +53,38 @@ def test_the_gateway_refuses_a_prompt_longer_than_the_engines_context(tiny_model
     short = httpx.post(f"{cfg.gateway_url}/v1/chat/completions", timeout=60, json={
         "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
     assert short.status_code == 200
+
+
+def test_beside_the_trainer_the_engines_and_the_trainer_must_fit_the_card_together(tiny_model):
+    from clawr1.serving.memory import (CUDA_CONTEXT_BYTES, GIB, TRAINER_BYTES_PER_PARAM, EngineMemoryError,
+                                       check_colocation, parameter_count, trainer_bytes)
+
+    need = trainer_bytes(tiny_model, "bf16", microbatch_tokens=1024, logprob_chunk_tokens=256)
+    assert need > parameter_count(tiny_model) * TRAINER_BYTES_PER_PARAM["bf16"] + CUDA_CONTEXT_BYTES
+    assert trainer_bytes(tiny_model, "bf16", 2048, 256) > need  # a larger micro-batch keeps more activations
+    total = 2 * (GIB + CUDA_CONTEXT_BYTES) + need
+    check_colocation(GIB, engines=2, trainer_need=need, device_total=total)  # exactly fits
+    with pytest.raises(EngineMemoryError) as refused:
+        check_colocation(GIB, engines=2, trainer_need=need, device_total=total - 1)
+    text = str(refused.value)
+    assert "2 engine(s) x 1.00 GiB" in text and f"the trainer's {need / GIB:.2f} GiB" in text
+    assert f"the device has {(total - 1) / GIB:.2f} GiB" in text and "serve.memory_budget_gb" in text
+
+
+def test_only_a_cuda_engine_on_an_unpartitioned_machine_shares_the_trainers_gpu(tmp_path):
+    from clawr1.serving.main import engines_beside_trainer
+
+    assert engines_beside_trainer(make_config(tmp_path, "serve.device=cpu")) == 0
+    assert engines_beside_trainer(make_config(tmp_path, "serve.device=cuda", "judge.teacher=frozen")) == 2
+    assert engines_beside_trainer(make_config(tmp_path, "serve.device=cuda", "cluster.actor_gpus=[0]",
+                                              "cluster.rollout_gpus=[1]")) == 0
+
+
+def test_a_colocated_engine_without_a_budget_is_refused(tiny_model, tmp_path):
+    from clawr1.serving.main import check_memory
+    from clawr1.serving.memory import EngineMemoryError
+
+    cfg = make_config(tmp_path, "serve.device=cuda")
+    plan = plan_engine(tiny_model, "float32", slots=2, context_length=64)
+    with pytest.raises(EngineMemoryError, match="set serve.memory_budget_gb"):
+        check_memory(cfg, tiny_model, plan)
