@@ -101,6 +101,7 @@ class Bench:
                 self.free_cuda_cache()
             res["seconds"] = round(time.monotonic() - t0, 1)
         out[name] = res
+        write_out(self.result)
         log(f"{shape}.{name}: {'ok' if res.get('ok') else 'FAILED'} {json.dumps(res, default=str)[:1500]}")
         return res
 
@@ -130,6 +131,7 @@ class Bench:
             lr=1e-5, precision="bf16" if self.cuda else "fp32", transformer_engine="off",
             max_tokens_per_microbatch=self.args.microbatch_tokens))
         self.cfg = cfg
+        self.microbatch_tokens = self.args.microbatch_tokens
         self.policy, self.optimizer = build(cfg, self.par, work / shape)
         self.arch = self.policy.arch
         params = sum(p.numel() for p in self.policy.model.parameters())
@@ -147,47 +149,73 @@ class Bench:
         from clawr1.config import AlgoConfig
         from clawr1.trainer.step import train_step
 
-        t = self.cfg.trainer
-        return train_step(self.policy, self.optimizer, batch, AlgoConfig(), t.max_tokens_per_microbatch,
-                          t.logprob_chunk_tokens)
+        return train_step(self.policy, self.optimizer, batch, AlgoConfig(), self.microbatch_tokens,
+                          self.cfg.trainer.logprob_chunk_tokens)
 
-    def measure(self, kind: str, batches: list) -> dict:
+    def measure(self, variant: str, batches: list) -> dict:
+        """Steps with one variant, "<attention kind>/<rotary>": rotary "megatron" (its per-sequence path, as
+        before) or "core" (each token's angles applied by our core attention to the whole pack)."""
         import torch
 
-        from clawr1.trainer.varlen_attention import resolve_attention, use_attention
+        from clawr1.trainer.varlen_attention import resolve_attention
 
-        use_attention(kind)
+        kind, rotary = variant.split("/")
+        self.select(variant)
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
-        timing = measure_steps({kind: self.train}, batches, self.sync, deadline=self.deadline)[kind]
-        res = {"ran_as": resolve_attention(kind, torch.device(self.args.device), self.dtype),
+        timing = measure_steps({variant: self.train}, batches, self.sync, deadline=self.deadline)[variant]
+        res = {"ran_as": resolve_attention(kind, torch.device(self.args.device), self.dtype), "rotary": rotary,
                **speed_figures(timing, self.arch, self.peak)}
         if self.cuda:
             res["peak_memory_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
         return res
 
-    def guarded_measure(self, kind: str, batches: list) -> dict:
-        try:
-            return self.measure(kind, batches)
-        except Exception as e:  # noqa: BLE001 (the other forms still run)
-            self.free_cuda_cache()
-            return short_error(e)
+    def guarded_measure(self, variant: str, batches: list) -> dict:
+        """measure, with one retry at half the micro-batch when the device runs out of memory."""
+        import torch
+
+        for attempt in range(2):
+            try:
+                return {**self.measure(variant, batches), "microbatch_tokens": self.microbatch_tokens}
+            except torch.OutOfMemoryError as e:
+                self.free_cuda_cache()
+                if attempt:
+                    return short_error(e)
+                self.microbatch_tokens //= 2
+            except Exception as e:  # noqa: BLE001 (the other variants still run)
+                self.free_cuda_cache()
+                return short_error(e)
 
     def attention(self) -> dict:
-        kinds = ["per_sequence", "varlen"] if self.cuda else ["per_sequence", "masked"]
+        """The old path (per-sequence attention, megatron's rotary) as the baseline, then the one-call form
+        with megatron's rotary, then with rotary in the core attention; masked where varlen cannot run."""
+        one_call = "varlen" if self.cuda else "masked"
+        variants = ["per_sequence/megatron", f"{one_call}/megatron", f"{one_call}/core"]
         batches = self.batches(self.args.steps + 1, seed=100)
-        res: dict = {"batch": f"{len(batches[0])} samples per step", "microbatch_tokens": self.args.microbatch_tokens}
-        for kind in kinds:
-            res[kind] = self.guarded_measure(kind, batches)
-        if self.cuda and "tokens_per_s" not in res["varlen"]:  # the other one-call form, in its place
-            kinds[1] = "masked"
-            res["masked"] = self.guarded_measure("masked", batches)
-        base, one_call = res[kinds[0]], res[kinds[1]]
-        if "tokens_per_s" in base and "tokens_per_s" in one_call:
-            res["speedup"] = round(one_call["tokens_per_s"] / base["tokens_per_s"], 3)
-        res["ok"] = "tokens_per_s" in base
-        self.best_kind = kinds[1] if "tokens_per_s" in one_call else kinds[0]
+        res: dict = {"batch": f"{len(batches[0])} samples per step", "microbatch_tokens": self.args.microbatch_tokens,
+                     "baseline": variants[0]}
+        for variant in variants:
+            res[variant] = self.guarded_measure(variant, batches)
+            if variant.startswith("varlen") and "tokens_per_s" not in res[variant]:  # the other one-call form
+                variant = variant.replace("varlen", "masked")
+                res[variant] = self.guarded_measure(variant, batches)
+        ran = [v for v in res if "/" in v and "tokens_per_s" in res[v]]
+        if ran and ran[0] == variants[0]:
+            res["speedup"] = {v: round(res[v]["tokens_per_s"] / res[variants[0]]["tokens_per_s"], 3) for v in ran[1:]}
+        # the new path (one call, rotary in the core attention) is what parity, profile and compile look at
+        self.new_variant = next((v for v in reversed(ran) if v.endswith("/core")), variants[0])
+        res["new_path"] = self.new_variant
+        res["ok"] = variants[0] in ran
         return res
+
+    @staticmethod
+    def select(variant: str) -> None:
+        """Run the model with this variant ("<attention kind>/<rotary>") from now on."""
+        from clawr1.trainer.varlen_attention import use_attention, use_rotary_in_core
+
+        kind, rotary = variant.split("/")
+        use_attention(kind)
+        use_rotary_in_core(rotary == "core")
 
     def parity(self) -> dict:
         """Packed log-probs of the same samples under each attention form (no grad): the one-call form computes
@@ -195,19 +223,19 @@ class Bench:
         import torch
 
         from benchmarks.gpu_smoke import megatron_logprobs
-        from clawr1.trainer.varlen_attention import use_attention
 
         samples = self.batches(1, seed=300)[0][:8]
+        baseline = "per_sequence/megatron"
         logprobs = {}
-        for kind in ("per_sequence", self.best_kind):
-            use_attention(kind)
-            logprobs[kind] = megatron_logprobs(self.policy, samples)
-        diff = (logprobs[self.best_kind] - logprobs["per_sequence"]).abs()
-        spread = float((logprobs["per_sequence"] - logprobs["per_sequence"].mean()).abs().mean())
+        for variant in (baseline, self.new_variant):
+            self.select(variant)
+            logprobs[variant] = megatron_logprobs(self.policy, samples)
+        diff = (logprobs[self.new_variant] - logprobs[baseline]).abs()
+        spread = float((logprobs[baseline] - logprobs[baseline].mean()).abs().mean())
         # the mean gap: a few roundings of the run's dtype at the log-probs' magnitude (the layers' differences
         # average out over tokens); a form that attended across samples would be off by the spread itself
-        tolerance = 4 * torch.finfo(self.dtype).eps * float(logprobs["per_sequence"].abs().max())
-        res = {"compared": [self.best_kind, "per_sequence"], "tokens": int(diff.numel()),
+        tolerance = 4 * torch.finfo(self.dtype).eps * float(logprobs[baseline].abs().max())
+        res = {"compared": [self.new_variant, baseline], "tokens": int(diff.numel()),
                "max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean()), "logprob_spread": spread,
                "mean_tolerance": tolerance}
         res["ok"] = res["mean_abs_diff"] < tolerance and res["mean_abs_diff"] < 0.1 * spread
@@ -216,9 +244,7 @@ class Bench:
     def profile(self) -> dict:
         from torch.profiler import ProfilerActivity, profile
 
-        from clawr1.trainer.varlen_attention import use_attention
-
-        use_attention(self.best_kind)
+        self.select(self.new_variant)
         batch = self.batches(1, seed=500)[0]
         self.train(batch)  # warm
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
@@ -228,13 +254,13 @@ class Bench:
             self.train(batch)
             self.sync()
         wall = time.perf_counter() - t0
-        return {"ok": True, "attention": self.best_kind, **group_profile(prof.key_averages(), self.cuda, wall)}
+        return {"ok": True, "variant": self.new_variant, **group_profile(prof.key_averages(), self.cuda, wall)}
 
     def compiled(self) -> dict:
         compiled = compile_blocks(self.policy.model)
-        res = {"compiled_modules": compiled, "attention": self.best_kind}
+        res = {"compiled_modules": compiled, "variant": self.new_variant}
         batches = self.batches(self.args.steps + 1, seed=100)
-        res.update(self.measure(self.best_kind, batches))
+        res.update(self.measure(self.new_variant, batches))
         res["ok"] = True
         return res
 
@@ -249,7 +275,7 @@ class Bench:
         from clawr1.trainer.megatron_setup import init_parallel
 
         self.par = init_parallel(tp=1, seed=0)
-        self.best_kind = "auto"
+        self.new_variant = "per_sequence/megatron"
         for shape in self.args.shapes:
             build = self.stage(shape, "build", lambda: self.build(shape, work), min_left_s=30)
             if not build.get("ok"):
@@ -302,9 +328,9 @@ def summary(shapes: dict) -> dict:
     for shape, stages in shapes.items():
         att = stages.get("attention", {})
         row = {}
-        for kind in ("per_sequence", "varlen", "masked"):
-            if "tokens_per_s" in att.get(kind, {}):
-                row[kind] = {k: att[kind].get(k) for k in ("tokens_per_s", "mfu", "peak_memory_gb")}
+        for variant, figures in att.items():
+            if isinstance(figures, dict) and "tokens_per_s" in figures:
+                row[variant] = {k: figures.get(k) for k in ("tokens_per_s", "mfu", "peak_memory_gb")}
         comp = stages.get("compiled", {})
         if "tokens_per_s" in comp:
             row["compiled"] = {k: comp.get(k) for k in ("tokens_per_s", "mfu", "peak_memory_gb")}
@@ -324,9 +350,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=None, help="timed steps per form after one warm-up (CUDA 3, CPU 1)")
     ap.add_argument("--microbatch-tokens", type=int, default=None, help="default: 8192 on CUDA, 4096 on CPU")
     ap.add_argument("--budget-s", type=float, default=270.0, help="no stage starts after this many seconds")
-    ap.add_argument("--compile-shape", default="0.5b", help="the shape whose MLP and norms go through torch.compile "
+    ap.add_argument("--compile-shape", default="1.5b", help="the shape whose MLP and norms go through torch.compile "
                                                             "(CUDA only; 'none' to skip)")
-    ap.add_argument("--compile-min-left-s", type=float, default=120.0)
+    ap.add_argument("--compile-min-left-s", type=float, default=90.0)
     ap.add_argument("--peak-tflops", type=float, default=None)
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args()
@@ -336,6 +362,7 @@ def main() -> int:
     args.steps = args.steps or (3 if args.device == "cuda" else 1)
     args.microbatch_tokens = args.microbatch_tokens or (8192 if args.device == "cuda" else 4096)
     result = {"benchmark": "gpu_trainer", "ok": False}
+    stop_on_sigterm()
     t0 = time.monotonic()
     try:
         result = run(args)
@@ -371,11 +398,25 @@ def run(args) -> dict:
         shutdown_parallel()
 
 
-def emit(result: dict) -> None:
-    line = json.dumps(result, default=str)
+def write_out(result: dict) -> None:
+    """The result so far to $OUT/gpu_trainer.json (after every stage: a killed run leaves what it had)."""
     if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "gpu_trainer.json").write_text(line + "\n")
-    print(line, flush=True)
+        Path(os.environ["OUT"], "gpu_trainer.json").write_text(json.dumps(result, default=str) + "\n")
+
+
+def emit(result: dict) -> None:
+    write_out(result)
+    print(json.dumps(result, default=str), flush=True)
+
+
+def stop_on_sigterm() -> None:
+    """`timeout` sends SIGTERM: end as if interrupted, so the JSON line is still printed."""
+    import signal
+
+    def stop(signum, frame):
+        raise SystemExit(f"stopped by signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 if __name__ == "__main__":

@@ -159,14 +159,17 @@ def pack(token_lists: list[list[int]], prompt_lens: list[int], slots: Optional[l
 
 def hidden_states(policy: Policy, packed: Packed) -> Tensor:
     """Final hidden states [T, hidden] of a packed row."""
-    from clawr1.trainer.varlen_attention import packed_seq_params
+    from clawr1.trainer.varlen_attention import applies_rotary, packed_seq_params
 
     m = policy.model
     device = next(m.parameters()).device
     ids, pos = packed.input_ids.to(device), packed.position_ids.to(device)
     emb = m.embedding(input_ids=ids, position_ids=pos)  # [T, 1, H]
-    params = packed_seq_params(packed.lengths, device)
-    rotary = m.rotary_pos_emb(params.max_seqlen_q, packed_seq=True)
+    rotary = m.rotary_pos_emb(max(packed.lengths), packed_seq=True)  # [longest, 1, 1, dim]: angles by position
+    if applies_rotary(m):  # each token's angles to our core attention, which rotates the whole pack at once
+        params, rotary = packed_seq_params(packed.lengths, device, rotary_freqs=rotary[pos[0]]), None
+    else:
+        params = packed_seq_params(packed.lengths, device)
     routing = policy.lora.route(packed.token_slots) if policy.lora is not None else contextlib.nullcontext()
     with routing:
         h = m.decoder(hidden_states=emb, attention_mask=None, rotary_pos_emb=rotary, packed_seq_params=params)

@@ -12,16 +12,24 @@ local layer spec in its place. Attention never crosses packed sequences
   per_sequence  one causal SDPA call per packed sequence (a Python loop; any device)
 
 `auto` picks varlen where it can run and per_sequence elsewhere (CPU, fp32).
+
+Rotary embeddings: megatron applies them per packed sequence, with a device sync (`.tolist()`) twice
+per layer, which stops the CPU from queueing work ahead of the GPU. With `PackedRotaryParams` the
+model hands each token's rotary angles (positions restarting at 0 for every sample) to this module
+instead, which applies them to the whole pack at once with megatron's own rotary function: the same
+operations on the same values, with no sync.
 """
 from __future__ import annotations
 
 import inspect
 import math
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from megatron.core.models.common.embeddings.rope_utils import _apply_rotary_pos_emb_bshd
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
@@ -29,6 +37,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 ATTENTION_KINDS = ("auto", "varlen", "masked", "per_sequence")
 _chosen_kind = "auto"
+_rotary_in_core = True
 
 
 def use_attention(kind: str) -> None:
@@ -37,6 +46,12 @@ def use_attention(kind: str) -> None:
         raise ValueError(f"attention kind {kind!r} is not one of {ATTENTION_KINDS}")
     global _chosen_kind
     _chosen_kind = kind
+
+
+def use_rotary_in_core(flag: bool) -> None:
+    """False: leave rotary to megatron's per-sequence path, as before (benchmarks compare the two)."""
+    global _rotary_in_core
+    _rotary_in_core = flag
 
 
 @lru_cache(maxsize=1)
@@ -62,6 +77,11 @@ def resolve_attention(kind: str, device: torch.device, dtype: torch.dtype) -> st
     return kind
 
 
+@dataclass
+class PackedRotaryParams(PackedSeqParams):
+    rotary_freqs: Optional[torch.Tensor] = None  # [t, 1, 1, rotary dim]: each packed token's rotary angles
+
+
 class VarlenCoreAttention(MegatronModule):
     def __init__(self, config: TransformerConfig, layer_number: int, attn_mask_type: AttnMaskType,
                  attention_type: str, attention_dropout: Optional[float] = None,
@@ -82,9 +102,17 @@ class VarlenCoreAttention(MegatronModule):
             raise ValueError("VarlenCoreAttention needs packed_seq_params with qkv_format='thd'")
         if attention_bias is not None:
             raise ValueError("attention_bias is not supported")
+        freqs = getattr(packed_seq_params, "rotary_freqs", None)
+        if freqs is not None:  # megatron skipped rotary (the model passed none): apply it here, to the whole pack
+            query, key = self.rotate(query, freqs), self.rotate(key, freqs)
         kind = resolve_attention(_chosen_kind, query.device, query.dtype)
         attend = {"varlen": self.varlen, "masked": self.masked, "per_sequence": self.per_sequence}[kind]
         return attend(query, key, value, packed_seq_params)  # query/key/value: [t, heads, head_dim]
+
+    def rotate(self, t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+        """What megatron's unfused packed rotary computes: [t, heads, dim] as one [t, 1, heads, dim] row."""
+        return _apply_rotary_pos_emb_bshd(t.unsqueeze(1), freqs, rotary_interleaved=self.config.rotary_interleaved,
+                                          multi_latent_attention=self.config.multi_latent_attention).squeeze(1)
 
     def per_sequence(self, query, key, value, params: PackedSeqParams) -> torch.Tensor:
         bounds = params.cu_seqlens_q.tolist()
@@ -133,8 +161,14 @@ def block_causal_mask(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
     return (sequence[:, None] == sequence[None, :]) & (positions[:, None] >= positions[None, :])
 
 
-def packed_seq_params(lengths: list[int], device: torch.device) -> PackedSeqParams:
+def packed_seq_params(lengths: list[int], device: torch.device,
+                      rotary_freqs: Optional[torch.Tensor] = None) -> PackedRotaryParams:
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
     longest = max(lengths)
-    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,
-                           max_seqlen_kv=longest)
+    return PackedRotaryParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,
+                              max_seqlen_kv=longest, rotary_freqs=rotary_freqs)
+
+
+def applies_rotary(model: torch.nn.Module) -> bool:
+    """Whether the model's attention is this module (the local layer spec), which can apply rotary itself."""
+    return _rotary_in_core and any(isinstance(m, VarlenCoreAttention) for m in model.modules())

@@ -30,22 +30,24 @@ def test_cpu_mode_measures_both_attention_forms_and_profiles_and_a_failed_stage_
     tiny = r["shapes"]["tiny"]
     assert tiny["build"]["ok"] and tiny["build"]["optimizer"] == "TorchAdamW"
     att = tiny["attention"]
-    assert att["ok"]
-    for kind in ("per_sequence", "masked"):
-        assert att[kind]["ran_as"] == kind and att[kind]["tokens_per_s"] > 0 and att[kind]["steps"] >= 1
-        assert att[kind]["mfu"] is None  # no bf16 peak for a CPU
-    assert att["speedup"] > 0
-    parity = tiny["parity"]  # the one-call form's log-probs are the loop's, up to fp32 rounding
-    assert parity["ok"] and parity["compared"] == ["masked", "per_sequence"] and parity["tokens"] > 50
+    assert att["ok"] and att["baseline"] == "per_sequence/megatron" and att["new_path"] == "masked/core"
+    for variant in ("per_sequence/megatron", "masked/megatron", "masked/core"):
+        kind, rotary = variant.split("/")
+        assert att[variant]["ran_as"] == kind and att[variant]["rotary"] == rotary
+        assert att[variant]["tokens_per_s"] > 0 and att[variant]["steps"] >= 1
+        assert att[variant]["mfu"] is None  # no bf16 peak for a CPU
+    assert set(att["speedup"]) == {"masked/megatron", "masked/core"}
+    parity = tiny["parity"]  # the new path's log-probs are the old path's, up to fp32 rounding
+    assert parity["ok"] and parity["compared"] == ["masked/core", "per_sequence/megatron"] and parity["tokens"] > 50
     assert parity["mean_abs_diff"] < parity["mean_tolerance"]
     prof = tiny["profile"]
-    assert prof["ok"] and prof["attention"] == "masked" and prof["top_ops"]
+    assert prof["ok"] and prof["variant"] == "masked/core" and prof["top_ops"]
     assert set(prof["groups_share"]) == {"attention", "optimizer", "log-prob", "matmul", "norm", "rotary", "copy",
                                          "other"}
     assert abs(sum(prof["groups_share"].values()) - 1.0) <= 0.001 * len(prof["groups_share"])  # rounded to 3 places
     assert prof["groups_ms"]["matmul"] > 0
     assert "compiled" not in tiny  # CUDA only
-    assert r["summary"]["tiny"]["masked"]["tokens_per_s"] == att["masked"]["tokens_per_s"]
+    assert r["summary"]["tiny"]["masked/core"]["tokens_per_s"] == att["masked/core"]["tokens_per_s"]
 
 
 def test_a_spent_budget_skips_stages_and_still_prints_its_json(tmp_path):
