@@ -377,6 +377,11 @@ class SyncEngineClient:
                                    params={"weight_version": str(version)},
                                    headers={"Content-Type": "application/octet-stream"}))
 
+    def update_weights_from_ipc(self, body: dict) -> dict:
+        """Weights shared in place (clawr1/engine_api/ipc.py's payload) into the embedded engine's
+        /update_weights_from_ipc; paused, flushed and continued as the other updates are."""
+        return self._paused_update("update_weights_from_ipc", lambda: self.http.post("/update_weights_from_ipc", json=body))
+
     def _paused_update(self, what: str, send: Callable[[], httpx.Response]) -> dict:
         proto = self.update_protocol()
         self.pause_generation(proto.pause_mode)

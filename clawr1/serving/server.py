@@ -161,6 +161,19 @@ def create_app(engine: Engine) -> FastAPI:
             return JSONResponse({"success": False, "message": str(e)}, 400)
         return JSONResponse({"success": True, "message": f"Succeeded to update model weights. Weight version updated to {new}."})
 
+    @app.post("/update_weights_from_ipc")
+    async def update_weights_from_ipc(request: Request) -> JSONResponse:
+        """Tensors shared in place by a trainer on the same device (trainer.weight_sync=ipc), in clawr1's
+        no-pickle format (clawr1/engine_api/ipc.py): every bucket opened, then loaded in one step boundary."""
+        from clawr1.engine_api.ipc import IpcFormatError, open_payload
+
+        try:
+            state, version = open_payload(await _json_body(request))
+            new = await asyncio.to_thread(engine.update_weights_from_tensors, state, version)
+        except (RequestError, IpcFormatError) as e:
+            return JSONResponse({"success": False, "message": str(e)}, 400)
+        return JSONResponse({"success": True, "message": f"Succeeded to update model weights. Weight version updated to {new}."})
+
     @app.post("/load_lora_adapter")
     async def load_lora_adapter(request: Request) -> JSONResponse:
         """SGLang's: a PEFT directory on this machine (`lora_path`) under the name `lora_name`."""

@@ -1,6 +1,6 @@
 """Publishing weights: a strategy gets them into every engine, then a PUB note tells every loop.
 
-Three strategies behind one small interface (`WeightSink.push`):
+Four strategies behind one small interface (`WeightSink.push`):
 
 - `DiskSink` (trainer.weight_sync=disk): HF safetensors in RUN_DIR/weights/vNNNNNN, then each
   engine, one at a time so the others keep serving, loads them with /update_weights_from_disk.
@@ -9,6 +9,8 @@ Three strategies behind one small interface (`WeightSink.push`):
   time; the engines may be on other nodes and share no disk with the trainer.
 - `NcclSink` (trainer.weight_sync=nccl): a bucketed NCCL broadcast from trainer rank 0 into
   SGLang engines (clawr1/engine_api/weight_push.py; GPU clusters only).
+- `IpcSink` (trainer.weight_sync=ipc): trainer and embedded engines on the same device; the tensors shared
+  in place as CUDA IPC handles, in buckets (clawr1/engine_api/ipc.py).
 
 A weight version counts the trainer steps published, so it always equals the step.
 """
@@ -24,10 +26,12 @@ from typing import Callable, Protocol
 from urllib.parse import urlsplit
 
 import httpx
+import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from clawr1 import bus, protocol
+from clawr1.engine_api import ipc
 from clawr1.config import Config
 from clawr1.engine_api.client import EngineError, SyncEngineClient
 from clawr1.protocol import WeightsPublished
@@ -138,6 +142,27 @@ class HttpSink:
         payload = save({k: v.detach().to("cpu").contiguous() for k, v in hf_state.items()}, metadata={"format": "pt"})
         to_each_engine(self.engines, lambda engine: engine.update_weights_from_tensor_bytes(payload, version))
         return "http"
+
+    def close(self) -> None:
+        pass
+
+
+class IpcSink:
+    """trainer.weight_sync=ipc: the published tensors copied into buckets on the trainer's device and shared in
+    place (CUDA IPC handles; CPU shared memory on a CPU trainer), one request per engine; the buckets live until
+    every engine has answered (clawr1/engine_api/ipc.py)."""
+
+    def __init__(self, engines: list[SyncEngineClient], bucket_bytes: int):
+        self.engines = engines
+        self.bucket_bytes = bucket_bytes
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+    def push(self, hf_state: dict[str, Tensor], version: int) -> str:
+        buckets = [ipc.pack(hf_state, names, self.device) for names in ipc.buckets_of(hf_state, self.bucket_bytes)]
+        body = ipc.payload(buckets, version)
+        to_each_engine(self.engines, lambda engine: engine.update_weights_from_ipc(body))
+        del buckets
+        return "ipc"
 
     def close(self) -> None:
         pass
@@ -276,6 +301,8 @@ def _sink(cfg: Config, engines: list[SyncEngineClient], base_model_path: Path) -
         return NcclSink(cfg)
     if cfg.trainer.weight_sync == "http":
         return HttpSink(engines)
+    if cfg.trainer.weight_sync == "ipc":
+        return IpcSink(engines, cfg.trainer.weight_sync_bucket_mb << 20)
     return DiskSink(cfg, engines, base_model_path)
 
 
