@@ -15,7 +15,7 @@ STEPS = 4
 
 
 @pytest.mark.slow
-def test_cpu_mode_runs_the_loops_and_reports_every_figure(tmp_path):
+def test_cpu_mode_runs_the_loops_and_reports_every_figure(tiny_model, tmp_path):  # tiny_model: built before
     out = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--steps", str(STEPS), "--budget-s", "420",
                           "--workdir", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=540,
                          env={"OUT": str(tmp_path), **__import__("os").environ})
