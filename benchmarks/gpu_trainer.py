@@ -3,16 +3,19 @@
 For each model shape (random bf16 weights of Qwen2.5-0.5B's and Qwen2.5-1.5B's shapes on CUDA; a tiny
 Qwen2 in fp32 with --device cpu), built by the trainer's own `main.build`:
 
-  attention  training steps on the same batches with each attention form of
-             `trainer.varlen_attention` (per_sequence, the old path, as the baseline; varlen, the whole pack
-             in one flash call, on CUDA; masked, one SDPA call with a block-diagonal mask, on CPU):
-             tokens/s, model TFLOPS, MFU, peak memory
-  parity     packed log-probs of the same samples under the one-call form and the loop (no grad)
-  profile    one training step under torch.profiler: device time by op, grouped (attention, matmul, norm,
-             rotary, log-prob, optimizer, copy, other; by op name, see GROUPS), the top ops, and how busy
-             the device was during the step
-  compiled   (--compile-shape, CUDA only) the MLP and norms of every layer through torch.compile, then the
-             same steps again
+  attention  training steps on the same batches with three variants "<attention>/<rotary>" of
+             `trainer.varlen_attention`: per_sequence/megatron (the old path: one SDPA call per sample,
+             megatron's per-sample rotary) as the baseline, varlen/megatron (the whole pack in one flash
+             call; masked, one SDPA call with a block-diagonal mask, on CPU or where varlen fails) and
+             varlen/core (rotary applied to the whole pack in the core attention, the new default):
+             tokens/s, model TFLOPS, MFU, peak memory (a variant that runs out of memory is retried once
+             at half the micro-batch)
+  parity     packed log-probs of the same samples, the new path against the old (no grad)
+  profile    one training step of the new path under torch.profiler: device time by op, grouped
+             (attention, matmul, norm, rotary, log-prob, optimizer, copy, other; by op name, see GROUPS),
+             the top ops, and the share of the step's wall time the device was busy
+  compiled   (--compile-shape, default 1.5b, CUDA only, if 90 s are left) the MLP and norms of every
+             layer through torch.compile, then the new path's steps again
 
 Every stage is guarded: a failing stage reports its error and the rest still runs; stages that would start
 after the time budget (--budget-s) are skipped and say so. One JSON line is always printed last, and
@@ -349,7 +352,7 @@ def main() -> int:
                                                    "tiny on CPU)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps per form after one warm-up (CUDA 3, CPU 1)")
     ap.add_argument("--microbatch-tokens", type=int, default=None, help="default: 8192 on CUDA, 4096 on CPU")
-    ap.add_argument("--budget-s", type=float, default=270.0, help="no stage starts after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=240.0, help="no stage starts after this many seconds")
     ap.add_argument("--compile-shape", default="1.5b", help="the shape whose MLP and norms go through torch.compile "
                                                             "(CUDA only; 'none' to skip)")
     ap.add_argument("--compile-min-left-s", type=float, default=90.0)

@@ -15,7 +15,6 @@ import argparse
 import json
 import random
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -23,6 +22,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.trainer_speed import measure_steps, speed_figures  # noqa: E402
 from clawr1.config import AlgoConfig, ModelConfig, TrainerConfig  # noqa: E402
 from clawr1.protocol import Sample  # noqa: E402
 
@@ -87,19 +87,11 @@ def throughput(steps: int, threads: int) -> dict:
     hf_opt = torch.optim.AdamW(hf.parameters(), lr=1e-5)
     algo = AlgoConfig()
     batches = [mixed_batch(16, hf.config.vocab_size, seed) for seed in range(steps + 1)]
-    times = {"ours": 0.0, "baseline": 0.0}
-    tokens = 0
-    for i, batch in enumerate(batches):  # batch 0 warms both up; then both run every batch, interleaved
-        t0 = time.perf_counter()
-        train_step(policy, ours_opt, batch, algo, max_tokens_per_microbatch=4096)
-        t1 = time.perf_counter()
-        baseline_step(hf, hf_opt, batch, algo, hf.config.pad_token_id or 0)
-        t2 = time.perf_counter()
-        if i:
-            times["ours"] += t1 - t0
-            times["baseline"] += t2 - t1
-            tokens += sum(len(s.tokens) for s in batch)
-    ours, base = tokens / times["ours"], tokens / times["baseline"]
+    timed = measure_steps({  # interleaved batch by batch, batch 0 warming both up
+        "ours": lambda batch: train_step(policy, ours_opt, batch, algo, max_tokens_per_microbatch=4096),
+        "baseline": lambda batch: baseline_step(hf, hf_opt, batch, algo, hf.config.pad_token_id or 0),
+    }, batches, synchronize=lambda: None)
+    ours, base = (speed_figures(timed[name])["tokens_per_s"] for name in ("ours", "baseline"))
     return {"tokens_per_s": round(ours, 1), "baseline_tokens_per_s": round(base, 1), "ratio": round(ours / base, 3),
             "batch": "16 samples, lengths 16..512", "steps": steps, "threads": threads}
 
