@@ -50,7 +50,8 @@ def magnitude_of(x) -> float:
 
 def assert_close(actual, expected, dtype: torch.dtype, depth: int, magnitude: float | None = None,
                  what: str = "") -> None:
-    """|actual - expected| <= depth * eps(dtype) * magnitude, elementwise, NaN nowhere."""
+    """|actual - expected| <= depth * eps(dtype) * magnitude for every element (one magnitude for the whole
+    tensor: an element's rounding happens at the scale of the sums it came from), and no NaN."""
     assert depth >= 1
     scale = magnitude_of(expected) if magnitude is None else magnitude
     bound, got = tolerance(dtype, scale, depth), gap(actual, expected)
