@@ -93,13 +93,23 @@ def test_one_call_forms_on_cuda_are_as_exact_as_the_loop_in_bf16(kind):
     assert_as_exact_as(one_call.float(), exact, loop.float(), torch.bfloat16, what=f"{kind} vs fp64")
 
 
-def test_rotary_in_core_attention_equals_megatrons_packed_rotary_bit_for_bit(tiny_model, megatron_tp1):
+def random_qwen2(directory) -> str:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(Qwen2Config(vocab_size=256, hidden_size=HEADS * HEAD_DIM, intermediate_size=128,
+                                 num_hidden_layers=2, num_attention_heads=HEADS, num_key_value_heads=GROUPS,
+                                 tie_word_embeddings=True, rope_theta=1e6)).save_pretrained(directory)
+    return str(directory)
+
+
+def test_rotary_in_core_attention_equals_megatrons_packed_rotary_bit_for_bit(tmp_path, megatron_tp1):
     """The model now hands each token's angles to the core attention; megatron's own per-sequence rotary (what
     the model passed before) must give the very same hidden states: the same operations on the same values."""
     from clawr1.trainer.model import build_policy, hidden_states, pack
     from clawr1.trainer.varlen_attention import applies_rotary, packed_seq_params
 
-    policy = build_policy(tiny_model)
+    policy = build_policy(random_qwen2(tmp_path))
     assert applies_rotary(policy.model)
     g = torch.Generator().manual_seed(1)
     tokens = [torch.randint(0, policy.vocab, (n,), generator=g).tolist() for n in LENGTHS]
@@ -108,6 +118,7 @@ def test_rotary_in_core_attention_equals_megatrons_packed_rotary_bit_for_bit(tin
     with torch.no_grad():
         ours = hidden_states(policy, packed)
         emb = m.embedding(input_ids=packed.input_ids, position_ids=packed.position_ids)
-        megatrons = m.decoder(hidden_states=emb, attention_mask=None, packed_seq_params=packed_seq_params(LENGTHS, emb.device),
+        megatrons = m.decoder(hidden_states=emb, attention_mask=None,
+                              packed_seq_params=packed_seq_params(LENGTHS, emb.device),
                               rotary_pos_emb=m.rotary_pos_emb(max(LENGTHS), packed_seq=True))[:, 0]
     assert torch.equal(ours, megatrons)
