@@ -37,7 +37,7 @@ def test_rpc_times_out_without_a_server():
     t0 = time.monotonic()
     with pytest.raises(bus.BusTimeout):
         client.call(StatsRequest())
-    assert time.monotonic() - t0 < 2
+    assert time.monotonic() - t0 < 30  # the 0.3 s timeout, not a wait without end (machine load aside)
     client.close()
 
 

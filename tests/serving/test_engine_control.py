@@ -24,8 +24,8 @@ def stream(url: str, body: dict, chunks: list) -> None:
                 chunks.append((time.monotonic(), json.loads(line[5:])))
 
 
-# Streams long enough that a step taken after their first chunks lands while they still run, on a loaded machine too
-# (the tiny model decodes a token in about 5 ms: 600 tokens leave seconds)
+# A stream is held at a known token by an in-place pause (`hold`) before a step that must land inside it, so no
+# test bets that the step is quicker than the stream's remaining decode steps.
 def long_request(tok, n: int = 600) -> dict:
     return {"input_ids": prompt_ids(tok), "sampling_params": {"max_new_tokens": n, "ignore_eos": True},
             "return_logprob": True}
@@ -38,16 +38,43 @@ def test_weight_update_lands_between_decode_steps_of_a_running_stream(engine, ti
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
     path = write_weights_dir(load_hf_state(tiny_model), tmp_path / "v7")
+    before = engine_metric(engine, "generated_tokens_total")
     t, chunks = stream_until(engine, long_request(tok), 10)
+    held_at = hold(engine, chunks, before)  # the stream still runs when the update lands, however slow the load is
     r = httpx.post(f"{engine}/update_weights_from_disk", json={"model_path": str(path), "weight_version": "7"}, timeout=60)
     assert r.status_code == 200 and r.json()["success"]
+    assert httpx.post(f"{engine}/continue_generation").json()["status"] == "ok"
     t.join()
     final = chunks[-1][1]["meta_info"]
     assert final["finish_reason"] == {"type": "length", "length": 600}
     spans = final["weight_versions"]
-    assert [s["version"] for s in spans] == ["0", "7"] and spans[0]["end"] == spans[1]["start"] >= 10
+    assert [s["version"] for s in spans] == ["0", "7"] and spans[0]["end"] == spans[1]["start"] == held_at >= 10
     assert spans[-1]["end"] == 600
     assert len(chunks) == 600  # one chunk per token, cumulative, as SGLang streams
+
+
+def engine_metric(url: str, name: str) -> int:
+    """One of the engine's /metrics values, e.g. generated_tokens_total (tokens sampled so far)."""
+    text = httpx.get(f"{url}/metrics").text
+    return int(next(line.split()[1] for line in text.splitlines() if line.startswith(f"clawr1_engine_{name} ")))
+
+
+def hold(url: str, received: list, before: int) -> int:
+    """Pause in place (the running stream keeps its slot and stops at a token boundary), wait until every token
+    it sampled before the pause has arrived, and return that count: the stream is held at a known token.
+    `before` is the engine's generated_tokens_total before the stream started (no other request runs)."""
+    assert httpx.post(f"{url}/pause_generation", json={"mode": "in_place"}).json()["status"] == "ok"
+    sampled = engine_metric(url, "generated_tokens_total") - before  # a paused engine samples nothing more
+    wait_for(lambda: len(received) >= sampled, f"the {sampled} tokens sampled before the pause")
+    assert len(received) == sampled
+    return sampled
+
+
+def wait_for(condition, what: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {timeout_s} s for {what}"
+        time.sleep(0.01)
 
 
 def stream_until(url: str, body: dict, chunks: int) -> tuple[threading.Thread, list]:
@@ -66,15 +93,16 @@ def test_pause_in_place_holds_requests_and_continue_finishes_them(engine, tiny_m
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
+    before = engine_metric(engine, "generated_tokens_total")
     t, running = stream_until(engine, long_request(tok), chunks=5)
-    assert httpx.post(f"{engine}/pause_generation", json={"mode": "in_place"}).json()["status"] == "ok"
-    time.sleep(1.0)  # chunks sampled before the pause may still be on their way
-    held = len(running)
+    held = hold(engine, running, before)
+    sampled_at_hold = engine_metric(engine, "generated_tokens_total")
     queued: list = []
     t2 = threading.Thread(target=stream, args=(engine, long_request(tok, 5), queued))
     t2.start()  # a new request while paused is accepted and waits; it is not refused
-    time.sleep(0.5)
-    assert len(running) == held < 600 and not queued
+    wait_for(lambda: engine_metric(engine, "waiting_requests") == 1, "the new request to queue")
+    sampled_while_paused = engine_metric(engine, "generated_tokens_total") - sampled_at_hold
+    assert sampled_while_paused == 0 and len(running) == held < 600 and not queued
     assert httpx.post(f"{engine}/continue_generation").json()["status"] == "ok"
     t.join()
     t2.join()
@@ -200,7 +228,9 @@ def test_a_request_running_across_an_update_continues_exactly_as_a_cold_one(engi
 
     prompt, n = prompt_ids(AutoTokenizer.from_pretrained(tiny_model)), 800
     body = greedy(prompt, n)
+    before = engine_metric(engine, "generated_tokens_total")
     t, chunks = stream_until(engine, body, 10)
+    held_at = hold(engine, chunks, before)  # still running when the swap lands; the swap's own pause retracts it
     swap(perturbed, 4)
     t.join()
     final = chunks[-1][1]
@@ -209,7 +239,7 @@ def test_a_request_running_across_an_update_continues_exactly_as_a_cold_one(engi
     assert len(spans) == 2 and spans[1] == {"version": "4", "start": spans[0]["end"], "end": n}
     assert meta["finish_reason"] == {"type": "length", "length": n} and meta["num_retractions"] == 1
     k = spans[1]["start"]
-    assert 10 <= k < n
+    assert k == held_at and 10 <= k < n
     cold = generate(cold_engine, greedy(prompt + final["output_ids"][:k], n - k))
     assert cold["output_ids"] == final["output_ids"][k:]
     assert logprobs(cold) == [e[0] for e in meta["output_token_logprobs"]][k:]
@@ -221,12 +251,12 @@ def test_flush_cache_is_refused_while_requests_hold_kv_as_in_sglang(engine, tiny
     tok = AutoTokenizer.from_pretrained(tiny_model)
     flush = lambda: httpx.get(f"{engine}/flush_cache", timeout=30)  # noqa: E731
     assert flush().status_code == 200  # idle
+    before = engine_metric(engine, "generated_tokens_total")
     t, running = stream_until(engine, long_request(tok, 800), chunks=3)
+    hold(engine, running, before)  # paused in place, it keeps its KV: refused
     refused = flush()
     assert refused.status_code == 400 and refused.text.startswith("Cache not flushed because there are pending "
                                                                   "requests. #queue-req: 0, #running-req: 1")
-    httpx.post(f"{engine}/pause_generation", json={"mode": "in_place"})  # keeps its KV: still refused
-    assert flush().status_code == 400
     httpx.post(f"{engine}/pause_generation", json={"mode": "retract"})  # back to the queue: accepted while paused
     accepted = flush()
     assert accepted.status_code == 200 and accepted.text.startswith("Cache flushed.")

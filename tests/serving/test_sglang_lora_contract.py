@@ -124,7 +124,9 @@ def test_the_sink_replaces_a_leftover_adapter_once_and_outlives_a_slow_unload(fl
             sink.push_adapters({0: TENSORS}, CONFIG, version)
     finally:
         client.close()
-    time.sleep(1.5)  # the engine finishes the unloads it was asked for
+    deadline = time.monotonic() + 60  # the engine finishes the unloads it was asked for, each 1 s late
+    while sorted(slow.loras) != ["slot0@v3", "slot0@v4"] and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert sorted(slow.loras) == ["slot0@v3", "slot0@v4"]  # every version published; the stale ones gone
 
 
