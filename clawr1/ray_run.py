@@ -8,18 +8,16 @@ by theirs), and sends it as text to every host, which writes it into the run dir
 `python -m clawr1.cli <loop> --config RUN_DIR/config.yaml` as a child process in its own process group, with
 CUDA_VISIBLE_DEVICES from the GPUs Ray gave the actor.
 
-The run ends as the local supervisor's does: when the trainer is done (exit 0), on Ctrl-C/SIGTERM (130), or
-when a loop fails (1): its process exits, its actor dies or its node is lost, and the message names the loop and
-the node. However it ends, every host stops its process group (producers first, as the local supervisor does),
+The run has the local supervisor's skeleton (clawr1/run_skeleton.py): it ends when the trainer is done (exit 0),
+on Ctrl-C/SIGTERM (130), or when a loop fails (1): its process exits, its actor dies or its node is lost, and the
+message names the loop and the node (run.on_loop_failure=restart is not supported here yet). However it ends, every host stops its process group (producers first, as the local supervisor does),
 every actor is killed and the placement groups are removed. Actors and groups belong to the driver's Ray job,
 so Ray removes them too if the driver itself is killed; a host's child dies with its actor (PR_SET_PDEATHSIG).
 """
 from __future__ import annotations
 
-import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import threading
@@ -36,11 +34,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from clawr1 import placement
 from clawr1.config import Config, free_port, save_config, to_dict
-from clawr1.engine_api.client import final_weight_version
-from clawr1.engine_api.lora import published_adapters
 from clawr1.placement import LoopSpec, Node, PlacementRefused
+from clawr1.run_skeleton import Driver, LoopFailed, RunSkeleton, stop_stages
 from clawr1.runtime import ready_file, start_process, stop_processes, write_atomically
-from clawr1.supervisor import LoopFailed, ProgressPrinter, stop_stages
 
 ReadyCheck = Optional[tuple[str, str]]  # ("http", url) | ("file", path) | None: ready once started
 
@@ -161,12 +157,13 @@ class Placed:
         return f"http://{self.node.ip}:{self.ports[0]}"
 
 
-class RaySupervisor:
-    """`clawr1 run` with cluster.backend=ray; the same interface as clawr1.supervisor.Supervisor."""
+class RaySupervisor(RunSkeleton):
+    """`clawr1 run` with cluster.backend=ray: the run's skeleton (clawr1/run_skeleton.py), the loops on Ray."""
 
-    def __init__(self, cfg: Config, echo: Callable[[str], None] = print):
-        self.cfg = cfg
-        self.echo = echo
+    refusals = (PlacementRefused,)
+
+    def __init__(self, cfg: Config, echo: Callable[[str], None] = print, driver: Optional[Driver] = None):
+        super().__init__(cfg, echo, driver)
         self.specs = placement.run_loops(cfg)
         self.groups = placement.bundle_groups(cfg, self.specs)
         self.pgs: list[PlacementGroup] = []
@@ -198,41 +195,22 @@ class RaySupervisor:
         return address
 
     # ------------------------------------------------------------ run
-    def run(self) -> int:
-        cfg = self.cfg
-        (cfg.run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        self.progress = ProgressPrinter(cfg, self.echo)
-        if cfg.run.on_loop_failure == "restart":
+    def _start_loops(self) -> Config:
+        if self.cfg.run.on_loop_failure == "restart":
             self.echo("[run] run.on_loop_failure=restart is not supported on Ray yet: a dead loop stops this run")
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            self._connect()
-            self._reserve()
-            self._place_hosts()
-            self.final = self._addressed()
-            save_config(self.final, cfg.run_dir / "config.yaml")
-            for wave in (1, 2):
-                self._start_wave(wave)
-            self.echo(f"[run] ready: OpenAI base URL {self.final.gateway_url}/v1")
-            self.echo(f"[run] all loops up on {len({p.node.node_id for p in self.placed})} node(s); "
-                      f"training {cfg.run.max_steps or 'until stopped'} steps (logs in {cfg.run_dir / 'logs'})")
-            return self._watch()
-        except PlacementRefused as e:
-            self.echo(f"[run] {e}")
-            return 2
-        except LoopFailed as e:
-            self.echo(f"[run] FAILED: {e}")
-            return 1
-        except KeyboardInterrupt:
-            self.echo("[run] interrupted; stopping every loop")
-            return 130
-        finally:
-            self.stop_all()
-            for s, h in previous.items():
-                signal.signal(s, h)
+        self._connect()
+        self._reserve()
+        self._place_hosts()
+        self.final = self._addressed()
+        save_config(self.final, self.cfg.run_dir / "config.yaml")
+        for wave in (1, 2):
+            self._start_wave(wave)
+        return self.final
 
-    def _on_signal(self, signum, _frame) -> None:
-        raise KeyboardInterrupt
+    def _up_line(self) -> str:
+        nodes = len({p.node.node_id for p in self.placed})
+        return (f"[run] all loops up on {nodes} node(s); training {self.cfg.run.max_steps or 'until stopped'} steps "
+                f"(logs in {self.cfg.run_dir / 'logs'})")
 
     def _reserve(self) -> None:
         """Check the plan against the nodes, then reserve every bundle (LoopFailed if Ray cannot in time)."""
@@ -380,33 +358,24 @@ class RaySupervisor:
         except ray.exceptions.RayError:
             return ""
 
-    def _watch(self) -> int:
-        trainers = [p for p in self.placed if p.spec.role == "trainer"]
-        while True:
-            self.progress.poll()
-            self._check_alive()
-            if all(t.exit_code == 0 for t in trainers):
-                self.progress.poll()
-                return self._finish()
-            time.sleep(0.5)
+    def _supervise(self) -> None:
+        self._check_alive()
 
-    def _finish(self) -> int:
-        cfg = self.final
-        rollout = next((p for p in self.placed if p.spec.role == "rollout"), None)
-        if rollout is not None and cfg.rollout.eval_every:  # the final evaluation
-            done = str(ready_file(cfg, "rollout").with_suffix(".done"))
-            deadline = time.monotonic() + 600
-            while not ray.get(rollout.actor.exists.remote(done)) and time.monotonic() < deadline:
-                self._check_alive()
-                time.sleep(0.5)
-            self.progress.poll()
-        summary: dict[str, Any] = {"steps": cfg.run.max_steps, "run_dir": str(cfg.run_dir),
-                                   "nodes": {p.name: p.node.label for p in self.placed}}
-        summary.update(final_weight_version(cfg.engine_urls[0]))
-        summary.update(published_adapters(cfg))
-        (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-        self.echo(f"[run] done: {summary}")
-        return 0
+    def _trainers_done(self) -> bool:
+        return all(p.exit_code == 0 for p in self.placed if p.spec.role == "trainer")
+
+    def _runs_rollout(self) -> bool:
+        return any(p.spec.role == "rollout" for p in self.placed)
+
+    def _rollout_has(self, path: Path) -> bool:
+        rollout = next(p for p in self.placed if p.spec.role == "rollout")
+        return ray.get(rollout.actor.exists.remote(str(path)))
+
+    def _check_alive_after_training(self) -> None:
+        self._check_alive()
+
+    def _summary_extra(self) -> dict[str, Any]:
+        return {"nodes": {p.name: p.node.label for p in self.placed}}
 
     # ------------------------------------------------------------ stop
     def stop_all(self) -> None:

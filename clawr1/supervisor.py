@@ -12,35 +12,27 @@ gateway until stopped. In every case
 every process the run started is stopped, producers before consumers (trainer
 and rollout, then gateway, then judge, then pool and engines), so the trainer
 can checkpoint and commit and queued turns reach the pool: SIGTERM to each
-group, then SIGKILL once the grace period is over.
+group, then SIGKILL once the grace period is over. The Ray supervisor (clawr1/ray_run.py) shares this
+skeleton: clawr1/run_skeleton.py.
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Protocol, TypeVar
+from typing import Callable, Optional
 
 import httpx
 
 from clawr1.cluster import apply_partition, visible_devices
 from clawr1.config import Config, assign_free_ports, free_port, save_config
-from clawr1.engine_api.client import final_weight_version
-from clawr1.engine_api.lora import published_adapters
+from clawr1.run_skeleton import Driver, LoopFailed, RunSkeleton, stop_stages
 from clawr1.runtime import ready_file, start_process, stop_processes
-from clawr1.tracking import MetricsTail, MetricsWriter, RunStatus
-
-STOP_ORDER = ("rollout", "trainer", "gateway", "judge")  # then everything else (pool, engines)
-
-
-class LoopFailed(RuntimeError):
-    pass
+from clawr1.tracking import MetricsWriter
 
 
 @dataclass
@@ -97,43 +89,13 @@ def newest_weights(weights_dir: Path) -> Optional[tuple[Path, int]]:
     return path, version
 
 
-class RestartPolicy:
-    """run.on_loop_failure=restart: when each dead loop comes back (backoff doubling up to 30 s), and when a loop
-    has failed too often within the window to go on."""
+class Supervisor(RunSkeleton):
+    """Every loop a local process (see the module's text); `driver` as in RunSkeleton."""
 
-    MAX_BACKOFF_S = 30.0
-
-    def __init__(self, backoff_s: float, max_restarts: int, window_s: float):
-        self.backoff_s, self.max_restarts, self.window_s = backoff_s, max_restarts, window_s
-        self.failures: dict[str, list[float]] = {}
-        self.restarts: dict[str, int] = {}
-
-    def failed(self, unit: str, now: float) -> float:
-        """Record a failure of `unit`; the delay before its restart (LoopFailed when it failed too often)."""
-        recent = [t for t in self.failures.get(unit, []) if now - t < self.window_s] + [now]
-        self.failures[unit] = recent
-        if len(recent) > self.max_restarts:
-            raise LoopFailed(f"loop '{unit}' failed {len(recent)} times within {self.window_s:.0f}s "
-                             f"(run.max_restarts={self.max_restarts}); stopping the run")
-        self.restarts[unit] = self.restarts.get(unit, 0) + 1
-        return min(self.backoff_s * 2 ** (len(recent) - 1), self.MAX_BACKOFF_S)
-
-
-class Supervisor:
-    """`driver`, if given, runs in a thread once every loop is up (e.g. `clawr1 ingest` sending a file); it returns
-    a check that says when the run has done with what it sent, and the run then ends (exit 0)."""
-
-    def __init__(self, cfg: Config, echo: Callable[[str], None] = print,
-                 driver: Optional[Callable[[], Callable[[], bool]]] = None):
-        self.cfg = cfg
-        self.echo = echo
+    def __init__(self, cfg: Config, echo: Callable[[str], None] = print, driver: Optional[Driver] = None):
+        super().__init__(cfg, echo, driver)
         self.loops: list[Loop] = []
         self.config_path = cfg.run_dir / "config.yaml"
-        self.driver = driver
-        self._driver_thread: Optional[threading.Thread] = None
-        self._driver_result: dict = {}
-        r = cfg.run
-        self.restart_policy = RestartPolicy(r.restart_backoff_s, r.max_restarts, r.restart_window_s)
         self.pending_restarts: dict[str, tuple[float, list[Loop]]] = {}  # unit -> (when, its loops)
 
     # ------------------------------------------------------------ plan
@@ -191,42 +153,22 @@ class Supervisor:
         return "\n".join(lines)
 
     # ------------------------------------------------------------ run
-    def run(self) -> int:
-        cfg = self.cfg
-        (cfg.run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        save_config(cfg, self.config_path)
-        self.progress = ProgressPrinter(cfg, self.echo)  # from here on: this run's records
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            for wave in self.plan():
-                _refresh_master_port(wave)
-                for loop in wave:
-                    self._start(loop)
-                self._wait_ready(wave)
-            self.echo(f"[run] ready: OpenAI base URL {cfg.gateway_url}/v1")
-            if cfg.run.mode == "live":
-                limit = f"{cfg.run.max_steps} steps" if cfg.run.max_steps else "until stopped (Ctrl-C)"
-                self.echo(f"[run] live: training on the traffic that reaches the gateway, {limit} "
-                          f"(logs in {cfg.run_dir / 'logs'})")
-            else:
-                self.echo(f"[run] all loops up; training {cfg.run.max_steps} steps (logs in {cfg.run_dir / 'logs'})")
-            self._start_driver()
-            return self._watch()
-        except LoopFailed as e:
-            self.echo(f"[run] FAILED: {e}")
-            return 1
-        except KeyboardInterrupt:
-            self.echo("[run] interrupted; stopping every loop")
-            return 130
-        finally:
-            self.stop_all()
-            self._report_restarts()
-            self._report_ledger()
-            for s, h in previous.items():
-                signal.signal(s, h)
+    def _start_loops(self) -> Config:
+        save_config(self.cfg, self.config_path)
+        for wave in self.plan():
+            _refresh_master_port(wave)
+            for loop in wave:
+                self._start(loop)
+            self._wait_ready(wave)
+        return self.cfg
 
-    def _on_signal(self, signum, _frame) -> None:
-        raise KeyboardInterrupt
+    def _up_line(self) -> str:
+        cfg = self.cfg
+        if cfg.run.mode == "live":
+            limit = f"{cfg.run.max_steps} steps" if cfg.run.max_steps else "until stopped (Ctrl-C)"
+            return (f"[run] live: training on the traffic that reaches the gateway, {limit} "
+                    f"(logs in {cfg.run_dir / 'logs'})")
+        return f"[run] all loops up; training {cfg.run.max_steps} steps (logs in {cfg.run_dir / 'logs'})"
 
     def _start(self, loop: Loop) -> None:
         loop.log_path = self.cfg.run_dir / "logs" / f"{loop.name}.log"
@@ -251,27 +193,6 @@ class Supervisor:
             if time.monotonic() > deadline:
                 raise LoopFailed(f"loop(s) {', '.join(l.name for l in waiting)} not ready after {self.cfg.run.startup_timeout_s:.0f}s")
             time.sleep(0.3)
-
-    def _start_driver(self) -> None:
-        if self.driver is None:
-            return
-
-        def run() -> None:
-            try:
-                self._driver_result["done"] = self.driver()
-            except Exception as e:  # reported by _watch, which stops the run
-                self._driver_result["error"] = e
-
-        self._driver_thread = threading.Thread(target=run, name="driver", daemon=True)
-        self._driver_thread.start()
-
-    def _driver_finished(self) -> bool:
-        """Whether the driver is done and the run has handed on what it sent (LoopFailed if it failed)."""
-        if self._driver_thread is None or self._driver_thread.is_alive():
-            return False
-        if "error" in self._driver_result:
-            raise LoopFailed(f"{self._driver_result['error']}")
-        return self._driver_result["done"]()
 
     # ------------------------------------------------------------ restarts (run.on_loop_failure=restart)
     def _supervise(self) -> None:
@@ -321,45 +242,16 @@ class Supervisor:
                 return (*args, f"model.path={newest[0]}", f"serve.weight_version={newest[1]}")
         return args
 
-    def _report_ledger(self) -> None:
-        """The balance of served main turns, from the gateway outbox's last record (after every loop stopped)."""
-        gateway = RunStatus(self.cfg.run_dir).refresh().latest.get("gateway", {})
-        if "outbox_served" in gateway:
-            self.echo(f"[run] {ledger_line(gateway)}")
+    def _trainers_done(self) -> bool:
+        return all(loop.proc.poll() == 0 for loop in self.loops if loop.name.startswith("trainer"))
 
-    def _report_restarts(self) -> None:
-        restarts = self.restart_policy.restarts
-        if restarts:
-            self.echo(f"[run] restarts: {', '.join(f'{unit} {n}' for unit, n in sorted(restarts.items()))}")
+    def _runs_rollout(self) -> bool:
+        return self.cfg.run.mode == "env"
 
-    def _watch(self) -> int:
-        progress = self.progress
-        trainers = [l for l in self.loops if l.name.startswith("trainer")]
-        while True:
-            progress.poll()
-            self._supervise()
-            if all(t.proc.poll() == 0 for t in trainers) or self._driver_finished():
-                progress.poll()
-                return self._finish()
-            time.sleep(0.5)
+    def _rollout_has(self, path: Path) -> bool:
+        return path.exists()
 
-    def _finish(self) -> int:
-        cfg = self.cfg
-        if cfg.run.mode == "env" and cfg.rollout.eval_every:
-            done = ready_file(cfg, "rollout").with_suffix(".done")
-            deadline = time.monotonic() + 600
-            while not done.exists() and time.monotonic() < deadline:
-                self._check_alive_except_trainers()
-                time.sleep(0.5)
-            self.progress.poll()  # the final evaluation's line
-        summary = {"steps": cfg.run.max_steps, "run_dir": str(cfg.run_dir)}
-        summary.update(final_weight_version(cfg.engine_urls[0]))
-        summary.update(published_adapters(cfg))
-        (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-        self.echo(f"[run] done: {summary}")
-        return 0
-
-    def _check_alive_except_trainers(self) -> None:
+    def _check_alive_after_training(self) -> None:
         for loop in self.loops:
             if not loop.name.startswith("trainer") and loop.proc.poll() is not None:
                 raise LoopFailed(f"loop '{loop.name}' exited with code {loop.proc.returncode} during the final evaluation")
@@ -374,35 +266,6 @@ class Supervisor:
                     self.echo(f"[run] {loop.name} did not stop in time; killed it")
 
 
-class Named(Protocol):
-    name: str
-
-
-L = TypeVar("L", bound=Named)
-
-
-def ledger_line(gateway: dict) -> str:
-    """"ledger: N served main turns = S samples + D dropped (reasons) + F in flight (balanced)"."""
-    acked = {k.removeprefix("outbox_acked_"): int(v) for k, v in gateway.items() if k.startswith("outbox_acked_")}
-    samples = acked.pop("sample", 0)
-    served, in_flight = int(gateway["outbox_served"]), int(gateway["outbox_open"])
-    dropped = sum(acked.values())
-    reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(acked.items())) or "none"
-    balanced = "balanced" if served == samples + dropped + in_flight else "NOT balanced"
-    return (f"ledger: {served} served main turns = {samples} samples in the pool + {dropped} dropped ({reasons}) "
-            f"+ {in_flight} in flight ({balanced})")
-
-
-def stop_stages(loops: list[L]) -> list[list[L]]:
-    """Producers before the loops they feed, so each can hand over what it holds before its consumer goes."""
-    def stage(loop: L) -> int:
-        return next((i for i, prefix in enumerate(STOP_ORDER) if loop.name.startswith(prefix)), len(STOP_ORDER))
-    stages: dict[int, list[L]] = {}
-    for loop in loops:
-        stages.setdefault(stage(loop), []).append(loop)
-    return [stages[k] for k in sorted(stages)]
-
-
 def _gpu_env(cfg: Config, role: str, index: int = 0) -> dict[str, str]:
     devices = visible_devices(cfg, role, index)
     return {} if devices is None else {"CUDA_VISIBLE_DEVICES": devices}
@@ -411,44 +274,6 @@ def _gpu_env(cfg: Config, role: str, index: int = 0) -> dict[str, str]:
 def _engine_tp(gpus: list[int]) -> tuple[str, ...]:
     """A side engine (PRM, teacher) is tensor-parallel over all its GPUs."""
     return (f"serve.sglang.tp_size={len(gpus)}",) if gpus else ()
-
-
-class ProgressPrinter:
-    """Prints one line per trainer step and per evaluation as the metrics arrive; in a live run also a
-    line every run.progress_every_s with what was served, judged and trained, steps or not."""
-
-    def __init__(self, cfg: Config, echo: Callable[[str], None]):
-        self.echo = echo
-        self.tail = MetricsTail(cfg.run_dir)  # a resumed run: only new records
-        self.status = RunStatus(cfg.run_dir) if cfg.run.mode == "live" else None
-        self.every_s = cfg.run.progress_every_s
-        self.next_live_line = time.monotonic() + self.every_s
-
-    def poll(self) -> None:
-        for r in self.tail.poll():
-            if r.get("loop") == "trainer" and "pg_loss" in r:
-                self.echo(
-                    f"[train] step {r['step']:>3} | version {r['version']} | samples {r['samples']} | "
-                    f"reward {r['reward_mean']:+.2f} | hint rate {r['hint_rate']:.2f} | "
-                    f"loss {r['pg_loss']:+.4f} | entropy {r.get('entropy', 0.0):.3f} | {r['tokens_per_s']:.0f} tok/s | "
-                    f"staleness {r['staleness_mean']:.1f}")
-            elif r.get("loop") == "rollout" and "eval_metric" in r:
-                name = r["eval_metric"]
-                self.echo(f"[eval]  version {r['eval_version']} | {name.replace('_', ' ')} {r[name]:.3f}")
-        if self.status is not None and time.monotonic() >= self.next_live_line:
-            self.next_live_line = time.monotonic() + self.every_s
-            self.echo(self.live_line())
-
-    def live_line(self) -> str:
-        s = self.status.refresh()
-        reward = s.get("trainer", "reward_mean")
-
-        def n(loop: str, key: str) -> int:
-            return int(s.get(loop, key) or 0)
-        return (f"[live]  served {n('gateway', 'main_turns')} turns | ingested {n('gateway', 'ingested_turns')} | "
-                f"judged {n('judge', 'judged')} | samples {n('pool', 'received')} | pool pending {n('pool', 'pending')} | "
-                f"steps {n('trainer', 'step')} | version {n('trainer', 'version')} | "
-                f"reward {'-' if reward is None else f'{reward:+.2f}'}")
 
 
 def prepare(cfg: Config, recipe: Path, overwrite: bool, resume: bool = False, dry_run: bool = False) -> Config:
@@ -481,7 +306,7 @@ def prepare(cfg: Config, recipe: Path, overwrite: bool, resume: bool = False, dr
     return cfg if on_ray else assign_free_ports(cfg)
 
 
-def make_supervisor(cfg: Config, echo: Callable[[str], None] = print) -> Supervisor:
+def make_supervisor(cfg: Config, echo: Callable[[str], None] = print) -> RunSkeleton:
     """The local supervisor, or with cluster.backend=ray the Ray one (clawr1/ray_run.py, the only module that
     imports Ray); both have describe() and run()."""
     if cfg.cluster.backend == "ray":

@@ -7,7 +7,8 @@ import signal
 
 import pytest
 
-from clawr1.supervisor import LoopFailed, RestartPolicy, ledger_line, newest_weights
+from clawr1.run_skeleton import LoopFailed, RestartPolicy, ledger_line
+from clawr1.supervisor import newest_weights
 
 
 def test_restarts_back_off_and_too_many_in_the_window_stop_the_run():

@@ -150,6 +150,7 @@ def test_loops_run_where_placed_and_weights_reach_the_engine_over_http(ray_clust
     assert summary["engine_weight_version"] == 3  # every version arrived over HTTP...
     assert not (run_dir / "weights").exists()  # ...and no weights directory was written for the engine to read
     assert f"[run] ready: OpenAI base URL http://{where['gateway']['node_ip']}:{cfg['gateway']['port']}/v1" in text
+    assert re.search(r"^\[run\] ledger: \d+ served main turns = ", text, re.M), text  # the run skeleton's report
 
     assert seen.pids and wait_gone(seen.pids, 10) == set()
     assert set(run_placement_groups(run_dir).values()) == {"REMOVED"}
