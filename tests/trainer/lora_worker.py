@@ -1,4 +1,5 @@
-"""One rank of a LoRA training step, for the TP/DP tests: `python -m tests.trainer.lora_worker MODEL SAMPLES OUT TP`.
+"""One rank of a LoRA training step, for the TP/DP tests: `python -m tests.trainer.lora_worker MODEL SAMPLES OUT TP
+[OPTIONS_JSON]` (options: {"plant": "b_split_off_by_one"} plants a defect, for the test that shows it is caught).
 
 Attaches two adapter slots whose B is set from seeded HF-shaped matrices (so every TP layout holds the same
 adapter), then saves on rank 0: the logits of a packed row through slot 1, and after one step, the loss,
@@ -6,6 +7,7 @@ the per-slot grad norms, and each slot's gradients and adapters in PEFT naming.
 """
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -46,14 +48,26 @@ def local_b(arch, target: str, parts: list[torch.Tensor], tp: int, tp_rank: int)
     return parts[0]
 
 
-def set_random_b(adapters: LoraAdapters, seed: int, tp: int, tp_rank: int) -> None:
+def off_by_one_b(arch, target: str, parts: list[torch.Tensor], tp: int, tp_rank: int) -> torch.Tensor:
+    """A planted defect, for the test that shows the TP comparison catches one: `local_b` with each rank's rows
+    starting one row late (wrapping around), as an off-by-one in the split's offset would."""
+    assert target == "linear_qkv"
+    full = fuse_qkv(*parts, arch)
+    rows = full.shape[0] // tp
+    return full.roll(-1, dims=0)[tp_rank * rows:(tp_rank + 1) * rows]
+
+
+def set_random_b(adapters: LoraAdapters, seed: int, tp: int, tp_rank: int, plant: str = "") -> None:
+    """Seeded B in every slot; with plant="b_split_off_by_one", layer 0's QKV B is split off by one row."""
     with torch.no_grad():
         for slot in range(adapters.shape.slots):
             gen = torch.Generator().manual_seed(seed + slot)
             for layer in range(adapters.arch.num_layers):
                 for target in adapters.shape.targets:
                     parts = hf_b(adapters.arch, target, adapters.shape.rank, gen)
-                    adapters.b[adapters.key(layer, target, slot)].copy_(local_b(adapters.arch, target, parts, tp, tp_rank))
+                    planted = plant == "b_split_off_by_one" and layer == 0 and target == "linear_qkv"
+                    split = off_by_one_b if planted else local_b
+                    adapters.b[adapters.key(layer, target, slot)].copy_(split(adapters.arch, target, parts, tp, tp_rank))
 
 
 def gather_peft(adapters: LoraAdapters, tensors_of_slot) -> dict | None:
@@ -66,14 +80,14 @@ def gather_peft(adapters: LoraAdapters, tensors_of_slot) -> dict | None:
     return peft_tensors(shards, adapters.arch, adapters.shape.targets) if dist.get_rank() == 0 else None
 
 
-def main(model: str, samples_path: str, out: str, tp: int) -> None:
+def main(model: str, samples_path: str, out: str, tp: int, options: dict) -> None:
     torch.set_num_threads(1)
     par = init_parallel(tp=tp, seed=0)
     policy = build_policy(model, tp, par.tp_rank)
     policy.model.requires_grad_(False)
     shape = LoraShape(rank=4, alpha=8.0, targets=("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"), slots=2)
     policy.lora = LoraAdapters(policy.model, policy.arch, shape, tp, par.tp_rank, seed=3)
-    set_random_b(policy.lora, seed=11, tp=tp, tp_rank=par.tp_rank)
+    set_random_b(policy.lora, seed=11, tp=tp, tp_rank=par.tp_rank, plant=options.get("plant", ""))
     samples = msgspec.msgpack.decode(Path(samples_path).read_bytes(), type=list[Sample])
     with torch.no_grad():
         logits = full_logits(policy, pack([samples[0].tokens, samples[1].tokens], [1, 1], slots=[1, 0]))
@@ -100,4 +114,4 @@ def _slot_params(adapters: LoraAdapters, slot: int) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), json.loads(sys.argv[5]) if len(sys.argv) > 5 else {})
