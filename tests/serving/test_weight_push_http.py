@@ -38,7 +38,8 @@ def test_the_http_sink_streams_every_weight_and_the_version(engine, tiny_model, 
     assert version(engine) == "5" and greedy_logprobs(engine) != before
     HttpSink([client]).push(state, 6)
     assert version(engine) == "6"
-    assert greedy_logprobs(engine) == pytest.approx(before, abs=1e-6)
+    # the original weights again, the same kernels on the same shapes: bit for bit
+    assert greedy_logprobs(engine) == before
     assert "clawr1_engine_paused 0" in httpx.get(f"{engine}/metrics").text  # continued after each update
 
 
