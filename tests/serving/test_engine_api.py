@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from clawr1.tinymodel.chatml import IM_END
+from tests.numerics import assert_as_exact_as
 
 ENGINE_OVERRIDES = ("serve.max_running_requests=8",)
 
@@ -19,6 +20,14 @@ def hf(tiny_model):
     return AutoModelForCausalLM.from_pretrained(tiny_model).eval(), AutoTokenizer.from_pretrained(tiny_model)
 
 
+@pytest.fixture(scope="module")
+def hf64(tiny_model):
+    """The same model in float64: exact arithmetic, near enough, for "as exact as fp32 allows"."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float64).eval()
+
+
 def prompt_ids(tok, text="What is 3 km plus 4 km?"):
     from clawr1.chat import ChatRenderer
 
@@ -28,7 +37,7 @@ def prompt_ids(tok, text="What is 3 km plus 4 km?"):
 def hf_logprobs(model, ids: list[int], start: int) -> list[float]:
     """log P(ids[i] | ids[:i]) for i >= start, with a plain full-sequence forward."""
     with torch.no_grad():
-        logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
+        logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0], -1)
     return [float(logp[i - 1, ids[i]]) for i in range(start, len(ids))]
 
 
@@ -36,7 +45,7 @@ def post(url, body):
     return httpx.post(f"{url}/generate", json=body, timeout=60)
 
 
-def test_greedy_generation_shape_and_exact_logprobs(engine, hf):
+def test_greedy_generation_shape_and_exact_logprobs(engine, hf, hf64):
     model, tok = hf
     ids = prompt_ids(tok)
     r = post(engine, {"input_ids": ids, "sampling_params": {"max_new_tokens": 40, "temperature": 0},
@@ -52,13 +61,13 @@ def test_greedy_generation_shape_and_exact_logprobs(engine, hf):
     if meta["finish_reason"]["type"] == "stop":  # the stop token is kept in ids and log-probs, cut from text
         assert out["output_ids"][-1] == eos and meta["finish_reason"] == {"type": "stop", "matched": eos}
         assert IM_END not in out["text"]
-    expected = hf_logprobs(model, ids + out["output_ids"], len(ids))
     got = [e[0] for e in meta["output_token_logprobs"]]
-    assert max(abs(a - b) for a, b in zip(got, expected)) < 1e-4
-    assert sum(abs(a - b) for a, b in zip(got, expected)) / len(got) < 1e-5
+    # the engine decodes with a KV cache: as exact as fp32 allows, against fp64, next to HF's fp32 full forward
+    honest, exact = (hf_logprobs(m, ids + out["output_ids"], len(ids)) for m in (model, hf64))
+    assert_as_exact_as(got, exact, honest, what="decode log-probs")
 
 
-def test_prompt_logprobs_follow_sglang_layout(engine, hf):
+def test_prompt_logprobs_follow_sglang_layout(engine, hf, hf64):
     model, tok = hf
     ids = prompt_ids(tok)
     start = 5
@@ -68,8 +77,9 @@ def test_prompt_logprobs_follow_sglang_layout(engine, hf):
     entries = out["meta_info"]["input_token_logprobs"]
     assert len(entries) == len(ids) - start and entries[0] == [None, ids[start], None]
     assert [e[1] for e in entries] == ids[start:]
-    expected = hf_logprobs(model, ids, start + 1)
-    assert max(abs(e[0] - x) for e, x in zip(entries[1:], expected)) < 1e-4
+    # prefill: as exact as fp32 allows, against fp64, next to HF's fp32 forward
+    honest, exact = hf_logprobs(model, ids, start + 1), hf_logprobs(hf64, ids, start + 1)
+    assert_as_exact_as([e[0] for e in entries[1:]], exact, honest, what="prompt log-probs")
     tops = out["meta_info"]["input_top_logprobs"]
     assert tops[0] is None and len(tops[1]) == 3 and tops[1][0][0] >= tops[1][1][0]
     assert out["output_ids"] == [] and out["meta_info"]["finish_reason"] == {"type": "length", "length": 0}
