@@ -1,7 +1,8 @@
 """The import rule of ../shared/DESIGN.md, and the one place ChatML is spelled.
 
 Loop packages meet on the wire: none imports another. The ground floor imports no loop.
-clawr1 never imports an environment. Only clawr1/tinymodel/chatml.py (the tiny model's template) writes
+clawr1 never imports an environment. No import cycles in clawr1/, envs/ and benchmarks/, not even one closed
+by an import inside a function. Only clawr1/tinymodel/chatml.py (the tiny model's template) writes
 ChatML's markers: everything else renders with the model's own template.
 """
 from __future__ import annotations
@@ -14,13 +15,16 @@ from tests.conftest import REPO
 
 LOOPS = ("gateway", "serving", "rollout", "judge", "pool", "trainer")
 GROUND_FLOOR = ("protocol", "bus", "config", "chat", "engine_api", "runtime", "tracking", "algo", "model_path",
-                "environment", "record_log", "chat_client", "tinymodel", "tokenizer_packages", "model_import")
+                "environment", "record_log", "chat_client", "tinymodel", "tokenizer_packages", "model_import",
+                "model_dir")
+WITHOUT_CYCLES = ("clawr1", "envs", "benchmarks")
 
 
-def imported_modules(path: Path) -> set[str]:
-    """Every module a file imports, at any depth (function-level imports included), as absolute names."""
+def imported_modules(path: Path, root: Path = REPO) -> set[str]:
+    """Every module a file imports, at any depth (function-level imports included), as absolute names; for
+    `from m import x`, both m and m.x (x may be a module or a name)."""
     out = set()
-    package = ".".join(path.relative_to(REPO).with_suffix("").parts[:-1])
+    package = ".".join(path.relative_to(root).with_suffix("").parts[:-1])
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names}
@@ -31,6 +35,53 @@ def imported_modules(path: Path) -> set[str]:
                 base = ".".join(parent + ([base] if base else []))
             out |= {base} | {f"{base}.{a.name}" for a in node.names}
     return out
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: Path, packages: tuple[str, ...]) -> dict[str, set[str]]:
+    """Module -> the modules of `packages` it imports (anywhere in the file), for every .py under them."""
+    files = {module_name(p, root): p for package in packages for p in sorted((root / package).rglob("*.py"))}
+    return {name: {m for m in imported_modules(path, root) if m in files and m != name}
+            for name, path in files.items()}
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan): each holds at least one cycle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for target in sorted(graph.get(module, ())):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in on_stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == module:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(cycles)
 
 
 def files_of(part: str) -> list[Path]:
@@ -69,12 +120,32 @@ def test_clawr1_never_imports_an_environment():
 
 def test_the_rule_catches_a_violation(tmp_path):
     """The checker itself: a relative import reaching into another loop is seen."""
-    fake = REPO / "clawr1" / "judge" / "_layout_probe.py"
-    fake.write_text("from ..gateway import service\n")
-    try:
-        assert "clawr1.gateway.service" in imported_modules(fake)
-    finally:
-        fake.unlink()
+    probe = tmp_path / "clawr1" / "judge" / "_layout_probe.py"
+    probe.parent.mkdir(parents=True)
+    probe.write_text("from ..gateway import service\n")
+    assert "clawr1.gateway.service" in imported_modules(probe, tmp_path)
+
+
+def test_there_are_no_import_cycles():
+    graph = import_graph(REPO, WITHOUT_CYCLES)
+    cycles = import_cycles(graph)
+    listed = "\n".join(" <-> ".join(c) for c in cycles)
+    assert len(graph) > 100 and not cycles, f"modules that import each other (at any depth):\n{listed}"
+
+
+def test_a_cycle_closed_inside_a_function_is_caught(tmp_path):
+    """The checker itself, on a planted tree: a <-> b closed by b's function-level import, c -> d -> e -> c through
+    a relative import, and f -> a outside any cycle."""
+    files = {"a.py": "from pkg import b\n",
+             "b.py": "def late():\n    from pkg.a import thing\n    return thing\n",
+             "c.py": "import pkg.d\n", "d.py": "from pkg.e import x\n", "e.py": "from . import c\n",
+             "f.py": "from pkg import a\n", "__init__.py": ""}
+    (tmp_path / "pkg").mkdir()
+    for name, text in files.items():
+        (tmp_path / "pkg" / name).write_text(text)
+    assert import_cycles(import_graph(tmp_path, ("pkg",))) == [["pkg.a", "pkg.b"], ["pkg.c", "pkg.d", "pkg.e"]]
+    (tmp_path / "pkg" / "b.py").write_text("def late():\n    return None\n")
+    assert import_cycles(import_graph(tmp_path, ("pkg",))) == [["pkg.c", "pkg.d", "pkg.e"]]
 
 
 def test_only_the_chat_module_spells_chatml():
