@@ -172,7 +172,9 @@ def test_tensor_parallel_2_resume_restores_every_rank_and_the_loss_sequence(tiny
     assert all(p.wait(timeout=300) == 0 for p in trainers(broken, 2, "--resume"))
     resumed = losses(broken.run_dir)
     assert sorted(resumed) == list(range(1, STEPS + 1))
-    assert all(abs(resumed[s] - reference[s]) < 1e-6 for s in range(1, STEPS + 1)), (resumed, reference)
+    # bit for bit, as with one rank: each rank restores its shard and runs the same kernels on the same shapes, and
+    # a two-rank all-reduce adds the same two numbers
+    assert [resumed[s] for s in range(1, STEPS + 1)] == [reference[s] for s in range(1, STEPS + 1)], (resumed, reference)
 
 
 def test_distributed_optimizer_state_has_one_file_per_model_parallel_rank(tmp_path):
