@@ -77,7 +77,8 @@ def test_each_user_is_answered_by_their_own_adapter_and_recorded_with_it(lora_st
             prompt = reply["usage"]["prompt_tokens"]
             assert prompt > 0 and lps
             direct = engine.generate(_prompt_ids(cfg), {"max_new_tokens": 6, "temperature": 0.0}, lora_path=lora)
-            assert direct.logprobs[:len(lps)] == pytest.approx(lps, abs=1e-5)
+            # the same request alone on the same engine and adapter, greedy: the same kernels in the same order
+            assert direct.logprobs[:len(lps)] == lps
         first = {u: replies[u]["choices"][0]["logprobs"]["content"][0]["logprob"] for u in ("u0", "u1")}
         assert abs(first["u0"] - first["u1"]) > 1e-3  # two adapters, two answers to the same prompt
     finally:
