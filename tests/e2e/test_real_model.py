@@ -16,6 +16,7 @@ from clawr1.chat import ChatRenderer
 from clawr1.config import ModelConfig, load_config
 from tests.e2e.test_live import LiveRun, steps
 from tests.e2e.test_own_model import hf_logprobs, served_turn
+from tests.numerics import assert_as_exact_as, gap
 
 pytestmark = pytest.mark.slow
 TRAIN_STEPS = 2
@@ -93,12 +94,10 @@ def test_smollm2_streams_trains_on_corrections_and_swaps_weights_under_streaming
         fp32 = hf_logprobs(published, prompt, served["output_ids"])
         exact = hf_logprobs(published, prompt, served["output_ids"], dtype="float64")
         assert len(engine_lps) == len(fp32) > 0
-        # 30 fp32 layers are themselves ~4e-5 from fp64 on this model (README): the engine must agree with HF's
-        # fp32 to 1e-5, or at least as closely as fp32 agrees with exact arithmetic
-        fp32_error = max(abs(a - b) for a, b in zip(fp32, exact))
-        engine_error = max(abs(a - b) for a, b in zip(engine_lps, fp32))
-        print(f"engine vs HF fp32 {engine_error:.2e}; HF fp32 vs fp64 {fp32_error:.2e}")
-        assert engine_error < max(1e-5, 2 * fp32_error)
+        # 30 fp32 layers are themselves ~4e-5 from fp64 on this model (README): the engine, decoding with a KV
+        # cache, is as exact as fp32 allows, within 3x HF fp32's own error against fp64
+        print(f"engine vs fp64 {gap(engine_lps, exact):.2e}; HF fp32 vs fp64 {gap(fp32, exact):.2e}")
+        assert_as_exact_as(engine_lps, exact, fp32, factor=3.0, what="served log-probs")
         code, out = run.interrupt()
         assert code == 130, out[-3000:]
     finally:
