@@ -156,7 +156,7 @@ def overrides(args, run_dir: Path, model: Optional[Path], ports: dict[str, int])
     return common + [
         f"model.path={model}", "serve.device=cuda", "serve.dtype=bfloat16", f"serve.memory_budget_gb={args.engine_gb}",
         "serve.context_length=4096", "serve.max_running_requests=32", "trainer.precision=bf16",
-        "trainer.transformer_engine=off", "trainer.max_tokens_per_microbatch=8192", "trainer.num_threads=4",
+        "trainer.transformer_engine=auto", "trainer.max_tokens_per_microbatch=8192", "trainer.num_threads=4",
         "rollout.concurrency=32", "rollout.max_pool_backlog=48", "rollout.max_tokens=64", "pool.batch_size=32",
         "judge.concurrency=32"]
 

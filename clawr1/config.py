@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 PositiveInt = typing.Annotated[int, Field(ge=1)]
 NonNegativeInt = typing.Annotated[int, Field(ge=0)]
@@ -27,6 +27,14 @@ Port = typing.Annotated[int, Field(ge=0, le=65535)]
 Probability = typing.Annotated[float, Field(ge=0.0, le=1.0)]
 NonNegativeFloat = typing.Annotated[float, Field(ge=0.0)]
 PositiveFloat = typing.Annotated[float, Field(gt=0.0)]
+
+
+def _switch_word(value: Any) -> Any:
+    """YAML 1.1 reads a bare on/off as true/false: give a switch its word back (`trainer.transformer_engine=off`)."""
+    return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
+
+SwitchWord = BeforeValidator(_switch_word)
 
 
 class Section(BaseModel):
@@ -300,7 +308,7 @@ class TrainerConfig(Section):
     tensor_parallel: PositiveInt = 1
     data_parallel: PositiveInt = 1
     precision: Literal["fp32", "bf16"] = "fp32"  # bf16 needs CUDA
-    transformer_engine: Literal["auto", "on", "off"] = "auto"  # auto: use it when CUDA and TE are present
+    transformer_engine: typing.Annotated[Literal["auto", "on", "off"], SwitchWord] = "auto"  # auto: use it when CUDA and TE are present
     host: str = "127.0.0.1"
     publish_port: Port = 0  # PUB socket announcing WeightsPublished
     keep_weight_versions: PositiveInt = 2  # how many published weight directories stay on disk
@@ -335,7 +343,7 @@ class AlgoConfig(Section):
     # signal: OPD is switched off while the teacher's summed gap does not sort the judge's scores better than
     # chance (AUC over the last opd_gate_window scored samples with a hint, two standard errors): a teacher that
     # misreads the hints (wordings it never learned) would push the wrong way (clawr1/algo/advantages.opd_gate)
-    opd_gate: Literal["off", "signal"] = "off"
+    opd_gate: typing.Annotated[Literal["off", "signal"], SwitchWord] = "off"
     opd_gate_window: PositiveInt = 256
     # std: each signal divided by its standard deviation over the batch's tokens (RL: rewarded samples' tokens;
     # OPD: teacher-scored tokens, gap against the rollout log-probs), so w_rl and w_opd weigh signals of equal

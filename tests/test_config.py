@@ -157,3 +157,12 @@ def test_free_ports_are_distinct_listenable_and_below_the_ephemeral_range():
         assert free_port(avoid=[1]) != held.getsockname()[1]  # a port in use is skipped
     finally:
         held.close()
+
+
+def test_a_bare_on_or_off_override_keeps_its_word():
+    """YAML 1.1 reads on/off as booleans; the switches take them as their words (found on the first GPU loops run)."""
+    cfg = load_config(None, ["trainer.transformer_engine=off", "algo.opd_gate=off"])
+    assert (cfg.trainer.transformer_engine, cfg.algo.opd_gate) == ("off", "off")
+    assert load_config(None, ["trainer.transformer_engine=on"]).trainer.transformer_engine == "on"
+    with pytest.raises(ConfigError, match="algo.opd_gate: 'on' is not allowed"):
+        load_config(None, ["algo.opd_gate=on"])
