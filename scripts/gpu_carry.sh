@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> .git/info/exclude
 PKGS="megatron-core pydantic pydantic_core annotated-types typing-inspection typing_extensions msgspec pyzmq orjson
 httptools fastapi starlette annotated-doc uvicorn click h11 anyio sniffio uvloop openai jiter distro tqdm aiohttp
-aiohappyeyeballs aiosignal attrs frozenlist multidict yarl propcache"
+aiohappyeyeballs aiosignal attrs frozenlist multidict yarl propcache opentelemetry-api httpx2 httpcore2 truststore"
 PINNED=$(.venv/bin/python - $PKGS <<'PY'
 import sys
 from importlib.metadata import version

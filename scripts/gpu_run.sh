@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# One GPU session (docs/gpu.md): run on the device machine from the repository root, with .whl carried
+# (scripts/gpu_carry.sh). The four loops on one GPU first, then the trainer's speed; each within its own budget,
+# each leaving its JSON line in $OUT. Usage: bash scripts/gpu_run.sh [ipc|disk|http] [LOOPS_BUDGET_S] [TRAINER_BUDGET_S]
+set -uo pipefail
+SYNC=${1:-ipc} LOOPS_S=${2:-270} TRAINER_S=${3:-200}
+OUT=${OUT:-$(mktemp -d)}
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site GLOO_SOCKET_IFNAME=lo NCCL_SOCKET_IFNAME=lo PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/device.csv" 2>&1
+python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.version.cuda)" >> "$OUT/device.csv"
+timeout -k 20 $((LOOPS_S + 30)) python3 benchmarks/gpu_loops.py --tokenizer-dir .whl/tokenizer-qwen3 \
+  --weight-sync "$SYNC" --budget-s "$LOOPS_S" --workdir /tmp/gl 2> "$OUT/gpu_loops.log" | tail -1
+timeout -k 20 $((TRAINER_S + 60)) python3 benchmarks/gpu_trainer.py --budget-s "$TRAINER_S" \
+  2> "$OUT/gpu_trainer.log" | tail -1
