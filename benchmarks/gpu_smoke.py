@@ -58,6 +58,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.guarded import guarded  # noqa: E402
 from benchmarks.trainer_speed import measure_steps, peak_tflops, speed_figures  # noqa: E402
 
 STANDIN_VERSION = "0.5.23"  # the SGLang release the stand-in engine claims: weight-update sessions, retract pauses
@@ -358,13 +359,8 @@ class Smoke:
         if missing:
             res = {"ok": False, "skipped": f"needs {', '.join(missing)}"}
         else:
-            t0 = time.monotonic()
-            try:
-                res = fn()
-            except Exception as e:  # noqa: BLE001 (one failing step must not hide the others)
-                res = {"ok": False, "error": f"{type(e).__name__}: {e}"[:2000],
-                       "traceback": traceback.format_exc()[-4000:]}
-            res["seconds"] = round(time.monotonic() - t0, 2)
+            res, seconds = guarded(fn)
+            res["seconds"] = round(seconds, 2)
         self.result["steps"][name] = res
         log(f"{name}: {'ok' if res.get('ok') else 'FAILED'} {json.dumps(res, default=str)}")
 

@@ -34,12 +34,12 @@ import re
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.guarded import error_result, guarded  # noqa: E402
 from benchmarks.trainer_speed import measure_steps, peak_tflops, speed_figures  # noqa: E402
 
 # Qwen2.5-0.5B's and Qwen2.5-1.5B's config.json, by hand (tied embeddings, qkv bias)
@@ -67,10 +67,6 @@ def log(msg: str) -> None:
     print(f"[gpu_trainer] {msg}", file=sys.stderr, flush=True)
 
 
-def short_error(e: BaseException) -> dict:
-    return {"ok": False, "error": f"{type(e).__name__}: {e}"[:2000], "traceback": traceback.format_exc()[-3000:]}
-
-
 class Bench:
     def __init__(self, args):
         import torch
@@ -96,13 +92,10 @@ class Bench:
         if self.left() < min_left_s:
             res = {"ok": False, "skipped": f"time budget: {self.left():.0f}s left, stage wants {min_left_s:.0f}s"}
         else:
-            t0 = time.monotonic()
-            try:
-                res = fn()
-            except Exception as e:  # noqa: BLE001 (one failing stage must not hide the others)
-                res = short_error(e)
+            res, seconds = guarded(fn)
+            if "error" in res:
                 self.free_cuda_cache()
-            res["seconds"] = round(time.monotonic() - t0, 1)
+            res["seconds"] = round(seconds, 1)
         out[name] = res
         write_out(self.result)
         log(f"{shape}.{name}: {'ok' if res.get('ok') else 'FAILED'} {json.dumps(res, default=str)[:1500]}")
@@ -183,11 +176,11 @@ class Bench:
             except torch.OutOfMemoryError as e:
                 self.free_cuda_cache()
                 if attempt:
-                    return short_error(e)
+                    return error_result(e)
                 self.microbatch_tokens //= 2
             except Exception as e:  # noqa: BLE001 (the other variants still run)
                 self.free_cuda_cache()
-                return short_error(e)
+                return error_result(e)
 
     def attention(self) -> dict:
         """The old path (per-sequence attention, megatron's rotary) as the baseline, then the one-call form
@@ -370,7 +363,7 @@ def main() -> int:
     try:
         result = run(args)
     except BaseException as e:  # noqa: BLE001 (the JSON line is printed whatever happened)
-        result.update(short_error(e))
+        result.update(error_result(e))
     result["seconds"] = round(time.monotonic() - t0, 1)
     emit(result)
     return 0 if result.get("ok") else 1
@@ -395,7 +388,7 @@ def run(args) -> dict:
         with tempfile.TemporaryDirectory(prefix="gpu_trainer-") as tmp:
             return bench.run(Path(tmp))
     except BaseException as e:  # noqa: BLE001
-        bench.result.update(short_error(e))
+        bench.result.update(error_result(e))
         return bench.result
     finally:
         shutdown_parallel()

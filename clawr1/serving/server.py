@@ -9,6 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from clawr1.engine_api.client import EMBEDDED_ENGINE
+from clawr1.engine_api.ipc import IpcFormatError, open_payload
 from clawr1.engine_api.nccl import local_nccl_version
 from clawr1.engine_api.versions import parse_version
 from clawr1.serving.adapters import AdapterError, read_peft_dir
@@ -165,8 +166,6 @@ def create_app(engine: Engine) -> FastAPI:
     async def update_weights_from_ipc(request: Request) -> JSONResponse:
         """Tensors shared in place by a trainer on the same device (trainer.weight_sync=ipc), in clawr1's
         no-pickle format (clawr1/engine_api/ipc.py): every bucket opened, then loaded in one step boundary."""
-        from clawr1.engine_api.ipc import IpcFormatError, open_payload
-
         try:
             state, version = open_payload(await _json_body(request))
             new = await asyncio.to_thread(engine.update_weights_from_tensors, state, version)

@@ -170,5 +170,8 @@ def packed_seq_params(lengths: list[int], device: torch.device,
 
 
 def applies_rotary(model: torch.nn.Module) -> bool:
-    """Whether the model's attention is this module (the local layer spec), which can apply rotary itself."""
-    return _rotary_in_core and any(isinstance(m, VarlenCoreAttention) for m in model.modules())
+    """Whether the model's attention is this module (the local layer spec), which can apply rotary itself.
+    Asked on every forward: which attention a model has is looked up once and kept on it."""
+    if not hasattr(model, "_clawr1_core_attention"):
+        model._clawr1_core_attention = any(isinstance(m, VarlenCoreAttention) for m in model.modules())
+    return _rotary_in_core and model._clawr1_core_attention
