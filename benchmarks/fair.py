@@ -1,12 +1,15 @@
 """The personalization benchmark's fair protocol (`benchmarks/personalization.py --protocol fair`).
 
-1. Tuning: each recipe picks its lr, and OPD also its teacher, from a small grid, by the mean area under the
-   held-out curve on the tuning users and seeds, in the realistic setting at the tuning judge accuracy.
+1. Tuning: every recipe picks its lr from one shared grid, and OPD and combined their teacher from the same
+   teacher grid, by the mean area under the held-out curve on the tuning users and seeds, where runs learn
+   (by default: judge accuracy 1.0, the oracle setting's canonical hints).
 2. Evaluation: only the chosen settings run, on users never used for tuning or in tests, with new seeds, at
-   every judge accuracy, in the realistic setting and in the oracle one (the setting before issue 33).
-3. Report: per accuracy and setting, each recipe's final score and area (mean, sample std), and a paired
-   bootstrap 95% interval for combined minus the best of the others, over (user, seed) pairs; a PNG of the
-   curves with a band over runs per accuracy and setting.
+   every judge accuracy and setting; with `--variants`, also OPD and combined with the judge's directive hints
+   and the contrastive teacher baseline, and the OpenClaw-RL recipe (VARIANTS), on the same pairs; with
+   `--hint-noise`, combined and OPD with directive hints that contradict at each rate, at accuracy 1.0.
+3. Report: per accuracy and setting, each row's final score and area (mean, sample std) at two horizons (the
+   first `--early` steps and the whole run), and a paired bootstrap 95% interval for each combined row minus the
+   best row that is not combined, over (user, seed) pairs; a PNG of the curves with a band over runs.
 
 Every run is cached by its settings (benchmarks/runs.py), so the protocol resumes where it stopped, and
 `--report-only` summarizes what has finished without running anything.
@@ -32,15 +35,25 @@ from envs.personal.preferences import KINDS
 
 @dataclass(frozen=True)
 class Choice:
-    """A recipe with the settings of one grid point."""
+    """A recipe with the settings of one grid point (`recipe_file`: another file of the recipe's folder than the
+    benchmark's --recipe-file; `name`: what the report calls it, the recipe's name by default)."""
 
     recipe: str
     overrides: tuple[str, ...] = ()
+    recipe_file: str = ""
+    name: str = ""
 
     @property
     def label(self) -> str:
         short = (f"{key.rsplit('.', 1)[-1]}={value}" for key, value in (o.split("=", 1) for o in self.overrides))
-        return " ".join([self.recipe, *dict.fromkeys(short)])
+        return " ".join([self.name or self.recipe, *dict.fromkeys(short)])
+
+    @property
+    def is_combined(self) -> bool:
+        return self.recipe == "combined"
+
+    def but(self, name: str, *overrides: str) -> "Choice":
+        return Choice(self.recipe, self.overrides + overrides, self.recipe_file, name)
 
 
 @dataclass
@@ -49,6 +62,17 @@ class Outcome:
     area: float
     curve: list[tuple[int, float]]
     uptake: Optional[float] = None  # the teacher probe's hint uptake on the base model, mean over kinds
+    early_final: float = 0.0  # the score and the area over the evaluations of the first `early` steps
+    early_area: float = 0.0
+
+
+# the rows the protocol adds to the tuned recipes, from the tuned settings (issue: OpenClaw-RL's method as it is)
+DIRECTIVE = ("judge.rules_hint=directive", "rollout.env_args.probe_hint=directive")
+TEACHER_BASELINE = ("algo.opd_baseline=teacher",)
+VARIANTS = {"opd directive": ("opd", DIRECTIVE), "combined directive": ("combined", DIRECTIVE),
+            "opd directive, teacher baseline": ("opd", DIRECTIVE + TEACHER_BASELINE),
+            "combined directive, teacher baseline": ("combined", DIRECTIVE + TEACHER_BASELINE)}
+OPENCLAW = Choice("combined", ("rollout.env_args.probe_hint=directive",), "cpu_openclaw.yaml", "openclaw")
 
 
 # the fixes issue 33 names besides the uptake weight (which is measured: see `compare_fixes`)
@@ -56,7 +80,11 @@ FIXES = (("OPD gate", ("algo.opd_gate=signal",)), ("balance std", ("algo.balance
 
 
 def grid(recipe: str, lrs: list[str], teachers: list[str]) -> list[Choice]:
-    teacher_options = [f"judge.teacher={t}" for t in teachers] if recipe == "opd" else [None]
+    """The candidates of `recipe` ("openclaw": recipes/combined/cpu_openclaw.yaml, whose teacher is fixed): every
+    lr of the shared grid, and for OPD and combined every teacher of the shared teacher grid."""
+    if recipe == "openclaw":
+        return [OPENCLAW.but("openclaw", f"trainer.lr={lr}") for lr in lrs]
+    teacher_options = [f"judge.teacher={t}" for t in teachers] if recipe in ("opd", "combined") else [None]
     return [Choice(recipe, tuple(o for o in (f"trainer.lr={lr}", teacher) if o))
             for lr in lrs for teacher in teacher_options]
 
@@ -70,7 +98,8 @@ class Runner:
     def outcome(self, choice: Choice, accuracy: float, setting: str, user: int, seed: int) -> Optional[Outcome]:
         a = self.args
         extra = [*choice.overrides, *a.overrides]
-        run = personal_run(self.out, choice.recipe, accuracy, user, seed, a.steps, extra, a.recipe_file, setting)
+        run = personal_run(self.out, choice.recipe, accuracy, user, seed, a.steps, extra,
+                           choice.recipe_file or a.recipe_file, setting)
         ran = not run.finished
         if ran and a.report_only:
             return None
@@ -82,17 +111,20 @@ class Runner:
         curves = load_run(run.path)
         first_probe = curves.teacher.get(min(curves.teacher)) if curves.teacher else {}
         uptakes = [v for k, v in first_probe.items() if k.startswith("uptake_")]
-        return Outcome(final, area, curves.series["score"], statistics.fmean(uptakes) if uptakes else None)
+        curve = curves.series["score"]
+        early = [v for version, v in curve if version <= getattr(a, "early", 16)]
+        return Outcome(final, area, curve, statistics.fmean(uptakes) if uptakes else None, early[-1],
+                       statistics.fmean(early))
 
 
 def tune(runner: Runner, recipes: list[str], lrs: list[str], teachers: list[str], accuracy: float,
-         users: list[int], seeds: list[int]) -> tuple[dict[str, Choice], list[str]]:
+         users: list[int], seeds: list[int], setting: str = "realistic") -> tuple[dict[str, Choice], list[str]]:
     """The choice with the best mean area per recipe, and the tuning table's markdown rows."""
     chosen, rows = {}, ["| recipe | candidate | mean final | mean area | runs |", "|---|---|---|---|---|"]
     for recipe in recipes:
         best = None
         for choice in grid(recipe, lrs, teachers):
-            got = [runner.outcome(choice, accuracy, "realistic", u, s) for u in users for s in seeds]
+            got = [runner.outcome(choice, accuracy, setting, u, s) for u in users for s in seeds]
             done = [o for o in got if o is not None]
             if not done:
                 continue
@@ -106,50 +138,97 @@ def tune(runner: Runner, recipes: list[str], lrs: list[str], teachers: list[str]
     return chosen, rows
 
 
-def compare(outcomes: dict[str, list[Outcome]], metric: str) -> Optional[str]:
-    """'combined - <best other>: mean [lo, hi]' over the pairs, the best other by its mean of `metric`."""
-    others = [r for r in outcomes if r != "combined"]
-    if "combined" not in outcomes or not others:
+def compare(outcomes: dict[str, list[Outcome]], metric: str, row: str = "combined",
+            combined_rows: Optional[set[str]] = None) -> Optional[str]:
+    """'<row> - <best other>: mean [lo, hi]' over the pairs, the best other by its mean of `metric` among the rows
+    that are not combined (`combined_rows`; by default only `row` itself)."""
+    combined_rows = combined_rows or {row}
+    others = [r for r in outcomes if r not in combined_rows]
+    if row not in outcomes or not others:
         return None
     values = {r: [getattr(o, metric) for o in runs] for r, runs in outcomes.items()}
     best = max(others, key=lambda r: statistics.fmean(values[r]))
-    mean, lo, hi = paired_bootstrap(values["combined"], values[best])
-    return f"combined - {best}: {mean:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+    mean, lo, hi = paired_bootstrap(values[row], values[best])
+    return f"{row} - {best}: {mean:+.3f} [{lo:+.3f}, {hi:+.3f}]"
 
 
 def evaluate(runner: Runner, chosen: dict[str, Choice], accuracies: list[float], settings: list[str],
-             users: list[int], seeds: list[int]) -> tuple[list[str], dict]:
-    """The evaluation table's markdown rows and the JSON results; draws the band PNGs."""
-    rows = ["| judge accuracy | setting | recipe (chosen settings) | final (mean ± sample std) | area (mean ± sample std) "
-            "| pairs | combined − best other, final [95% CI] | combined − best other, area [95% CI] |",
-            "|---|---|---|---|---|---|---|---|"]
+             users: list[int], seeds: list[int], pairs: Optional[list[tuple[int, int]]] = None) -> tuple[list[str], dict]:
+    """The evaluation table's markdown rows and the JSON results; draws the band PNGs. A row with no finished run
+    at an accuracy and setting is left out there; the others are compared on the pairs all of them finished."""
+    rows = ["| judge accuracy | setting | row (chosen settings) | final (mean ± sample std) | area (mean ± sample std) "
+            "| pairs | row − best other, final [95% CI] | row − best other, area [95% CI] "
+            "| first steps: final, area | row − best other, first steps' area [95% CI] |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     results = {}
+    pairs = pairs or [(u, s) for u in users for s in seeds]
     for accuracy in accuracies:
         for setting in settings:
-            pairs = [(u, s) for u in users for s in seeds]
             got = {r: [runner.outcome(c, accuracy, setting, u, s) for u, s in pairs] for r, c in chosen.items()}
-            complete = [i for i in range(len(pairs)) if all(got[r][i] is not None for r in chosen)]
+            present = [r for r in chosen if any(o is not None for o in got[r])]
+            complete = [i for i in range(len(pairs)) if all(got[r][i] is not None for r in present)]
             if not complete:
                 continue
-            outcomes = {r: [got[r][i] for i in complete] for r in chosen}
-            final_cmp, area_cmp = compare(outcomes, "final"), compare(outcomes, "area")
+            outcomes = {r: [got[r][i] for i in complete] for r in present}
+            combined_rows = {r for r in present if chosen[r].is_combined}
             for r, runs in outcomes.items():
                 finals, areas = [o.final for o in runs], [o.area for o in runs]
+                early_finals, early_areas = [o.early_final for o in runs], [o.early_area for o in runs]
+                cmp = {m: compare(outcomes, m, r, combined_rows) if r in combined_rows else None
+                       for m in ("final", "area", "early_area")}
                 key = f"{setting}/acc{accuracy:g}/{r}"
                 results[key] = {"choice": chosen[r].label, "final_mean": round(statistics.fmean(finals), 4),
                                 "final_std": round(sample_std(finals), 4), "area_mean": round(statistics.fmean(areas), 4),
-                                "area_std": round(sample_std(areas), 4), "pairs": len(runs)}
+                                "area_std": round(sample_std(areas), 4), "pairs": len(runs),
+                                "early_final_mean": round(statistics.fmean(early_finals), 4),
+                                "early_area_mean": round(statistics.fmean(early_areas), 4),
+                                "early_area_std": round(sample_std(early_areas), 4),
+                                **{f"vs_best_other_{m}": c for m, c in cmp.items() if c}}
                 rows.append(f"| {accuracy:g} | {setting} | {chosen[r].label} | {statistics.fmean(finals):.3f} ± "
                             f"{sample_std(finals):.3f} | {statistics.fmean(areas):.3f} ± {sample_std(areas):.3f} | "
-                            f"{len(runs)}/{len(pairs)} | {final_cmp if r == 'combined' else ''} | "
-                            f"{area_cmp if r == 'combined' else ''} |")
-            results[f"{setting}/acc{accuracy:g}/interval_final"] = final_cmp
-            results[f"{setting}/acc{accuracy:g}/interval_area"] = area_cmp
+                            f"{len(runs)}/{len(pairs)} | {cmp['final'] or ''} | {cmp['area'] or ''} | "
+                            f"{statistics.fmean(early_finals):.3f}, {statistics.fmean(early_areas):.3f} ± "
+                            f"{sample_std(early_areas):.3f} | {cmp['early_area'] or ''} |")
+            results[f"{setting}/acc{accuracy:g}/interval_final"] = compare(outcomes, "final")
+            results[f"{setting}/acc{accuracy:g}/interval_area"] = compare(outcomes, "area")
             plot_bands({chosen[r].label: [o.curve for o in runs] for r, runs in outcomes.items()},
-                       f"{setting}, judge accuracy {accuracy:g}: users {users}, "
-                       f"seeds {sorted({pairs[i][1] for i in complete})}",
+                       f"{setting}, judge accuracy {accuracy:g}: pairs {[pairs[i] for i in complete]}",
                        runner.out / f"fair-bands-{setting}-acc{accuracy:g}.png")
     return rows, results
+
+
+def with_variants(chosen: dict[str, Choice], names: list[str]) -> dict[str, Choice]:
+    """The tuned rows and the named VARIANTS of them (and "openclaw", when tuned, as it is)."""
+    out = dict(chosen)
+    for name in names:
+        recipe, overrides = VARIANTS[name]
+        if recipe in chosen:
+            out[name] = chosen[recipe].but(name, *overrides)
+    return out
+
+
+def hint_noise_rows(runner: Runner, chosen: dict[str, Choice], noises: list[float], pairs: list[tuple[int, int]],
+                    setting: str = "realistic") -> list[str]:
+    """Markdown rows: at judge accuracy 1.0 (scores right), binary RL and, with directive hints that contradict at
+    each rate, OPD and combined; combined − the better of the other two, final and area, per rate."""
+    rows = ["| wrong hints (contradict) | binary RL: final, area | OPD directive: final, area | combined directive: "
+            "final, area | pairs | combined − best other, final [95% CI] | combined − best other, area [95% CI] |",
+            "|---|---|---|---|---|---|---|"]
+    for noise in noises:
+        extra = ("judge.hint_noise_kind=contradict", f"judge.hint_noise={noise:g}") if noise else ()
+        row = {"binary_rl": chosen["binary_rl"],
+               "opd": chosen["opd"].but("opd directive", *DIRECTIVE, *extra),
+               "combined": chosen["combined"].but("combined directive", *DIRECTIVE, *extra)}
+        got = {r: [runner.outcome(c, 1.0, setting, u, s) for u, s in pairs] for r, c in row.items()}
+        both = [i for i in range(len(pairs)) if all(got[r][i] is not None for r in row)]
+        if not both:
+            continue
+        outcomes = {r: [got[r][i] for i in both] for r in row}
+        means = {r: f"{statistics.fmean(o.final for o in runs):.3f}, {statistics.fmean(o.area for o in runs):.3f}"
+                 for r, runs in outcomes.items()}
+        rows.append(f"| {noise:g} | {means['binary_rl']} | {means['opd']} | {means['combined']} | {len(both)} | "
+                    f"{compare(outcomes, 'final')} | {compare(outcomes, 'area')} |")
+    return rows
 
 
 def compare_groups(runner: Runner, chosen: dict[str, Choice], size: int, accuracy: float, users: list[int],
@@ -214,21 +293,40 @@ def ints(text: str) -> list[int]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("fair protocol (--protocol fair)")
-    g.add_argument("--lr-grid", default="1e-4,2e-4,4e-4")
-    g.add_argument("--opd-teachers", default="frozen,lagged,policy", help="OPD's teacher grid (policy: itself)")
+    g.add_argument("--lr-grid", default="1e-4,2e-4,4e-4", help="one lr grid for every recipe")
+    g.add_argument("--opd-teachers", default="frozen,lagged,policy",
+                   help="the teacher grid of OPD and combined alike (policy: itself)")
     g.add_argument("--tune-users", default="0,1,2,3")
     g.add_argument("--tune-seeds", default="0,1")
-    g.add_argument("--tune-accuracy", type=float, default=0.7)
+    g.add_argument("--tune-accuracy", type=float, default=1.0)
+    g.add_argument("--tune-setting", choices=SETTINGS, default="oracle",
+                   help="tune where runs learn: by default a perfect judge and the canonical hints")
     # profile seeds no test and no earlier benchmark used, whose profiles differ from the tuning users' (1000 and
     # 1003 hold the profiles of users 3 and 0: refused)
     g.add_argument("--eval-users", default="1001,1002,1004,1005")
     g.add_argument("--eval-seeds", default="10,11")
+    g.add_argument("--pairs", choices=("product", "zip"), default="product",
+                   help="evaluation (user, seed) pairs: every user with every seed, or the i-th user with the i-th seed")
     g.add_argument("--settings", default=",".join(SETTINGS), help="realistic and/or oracle")
+    g.add_argument("--variants", default="", help=f"also evaluate these rows (comma-separated): {', '.join(VARIANTS)}")
+    g.add_argument("--hint-noise", default="", help="also the contradicting-hint rows at these rates, e.g. 0,0.3,0.6")
+    g.add_argument("--hint-noise-kind", choices=("swap", "contradict"), default="contradict",
+                   help="what the realistic judge's wrong hints are (swap: as before this protocol)")
+    g.add_argument("--early", type=int, default=16, help="the first horizon: the evaluations of the first steps")
     g.add_argument("--report-only", action="store_true", help="run nothing: summarize the finished runs")
     g.add_argument("--groups", type=int, default=0,
                    help="also compare GRPO groups of this size with none (binary_rl, combined; tuning accuracy)")
     g.add_argument("--fixes", action="store_true",
                    help="also run combined's chosen settings with each fix on the tuning pairs (tuning accuracy)")
+
+
+def evaluation_pairs(args: argparse.Namespace) -> list[tuple[int, int]]:
+    users, seeds = ints(args.eval_users), ints(args.eval_seeds)
+    if args.pairs == "zip":
+        if len(users) != len(seeds):
+            raise SystemExit(f"--pairs zip needs as many seeds as users ({len(users)} users, {len(seeds)} seeds)")
+        return list(zip(users, seeds))
+    return [(u, s) for u in users for s in seeds]
 
 
 def check_users(tuning: list[int], evaluation: list[int]) -> None:
@@ -245,17 +343,22 @@ def check_users(tuning: list[int], evaluation: list[int]) -> None:
 
 def main(args: argparse.Namespace) -> int:
     check_users(ints(args.tune_users), ints(args.eval_users))
+    args.overrides = [*args.overrides, f"judge.hint_noise_kind={args.hint_noise_kind}"]
     runner = Runner(args)
     recipes, accuracies = args.recipes.split(","), [float(x) for x in args.judge_accuracy.split(",")]
     chosen, tuning_rows = tune(runner, recipes, args.lr_grid.split(","), args.opd_teachers.split(","),
-                               args.tune_accuracy, ints(args.tune_users), ints(args.tune_seeds))
+                               args.tune_accuracy, ints(args.tune_users), ints(args.tune_seeds), args.tune_setting)
+    pairs = evaluation_pairs(args)
+    eval_rows, results = [], {}
     if set(chosen) != set(recipes):
         print(f"[fair] tuning has not finished for {sorted(set(recipes) - set(chosen))}: no evaluation yet",
               file=sys.stderr)
-        eval_rows, results = [], {}
     else:
-        eval_rows, results = evaluate(runner, chosen, accuracies, args.settings.split(","),
-                                      ints(args.eval_users), ints(args.eval_seeds))
+        rows = with_variants(chosen, [v for v in args.variants.split(",") if v])
+        eval_rows, results = evaluate(runner, rows, accuracies, args.settings.split(","), [], [], pairs)
+        if args.hint_noise:
+            eval_rows += ["", "### Wrong hints that contradict, judge accuracy 1.0", "",
+                          *hint_noise_rows(runner, chosen, [float(x) for x in args.hint_noise.split(",")], pairs)]
     if args.groups > 1 and eval_rows:
         eval_rows += ["", f"### GRPO groups of {args.groups}", "",
                       *compare_groups(runner, chosen, args.groups, args.tune_accuracy, ints(args.eval_users),

@@ -206,6 +206,17 @@ class RolloutConfig(Section):
     request_timeout_s: PositiveFloat = 120.0
 
 
+class DirectiveOption(Section):
+    """One option a user can ask for, as the rules judge writes it when `judge.rules_hint: directive`."""
+
+    kind: str  # what the option is an option of (e.g. "units"); `hint_noise_kind: contradict` swaps within a kind
+    option: str  # e.g. "word"
+    directive: str  # the hint's words for it, e.g. "spell out the units like kilometers"
+    # a correction sentence asks for this option when these match; of a kind's options the one with the most
+    # matches wins, the first listed on a tie
+    patterns: list[str] = Field(min_length=1)
+
+
 class JudgeConfig(Section):
     backend: Literal["rules", "llm", "env"] = "rules"
     host: str = "127.0.0.1"
@@ -234,6 +245,11 @@ class JudgeConfig(Section):
                                  r"\brather than\b"]
     )
     max_hint_chars: PositiveInt = 400
+    # the rules judge's hint: user_words, the sentences of the correction as the user wrote them; directive, the
+    # configured option directives the correction asks for ("Please <directive> and <directive>."), none when it
+    # names no configured option (counted: corrections_unmapped). Scores are the same either way
+    rules_hint: Literal["user_words", "directive"] = "user_words"
+    directives: list[DirectiveOption] = Field(default_factory=list)  # filled by the environment's recipes
     # an imperfect judge on purpose: each score is flipped with probability score_noise (a PRM that is right
     # 1 - score_noise of the time), or replaced by 0 with probability score_abstain; hints are kept as they are
     score_noise: Probability = 0.0
@@ -242,6 +258,12 @@ class JudgeConfig(Section):
     # (plausible and wrong) with probability hint_noise (clawr1/judge/noise.py)
     hint_noise: Probability = 0.0
     hint_drop: Probability = 0.0
+    # what a wrong hint is: swap, another recent hint (in a one-user run, another of the user's true wishes);
+    # contradict, each wish the hint names replaced by another option of its kind (needs judge.directives)
+    hint_noise_kind: Literal["swap", "contradict"] = "swap"
+    # drop a turn scored 0 that has no hint, as OpenClaw-RL does (ledger reason zero_score); a 0-scored turn with a
+    # hint keeps its OPD signal
+    drop_zero: bool = False
     # llm backend (and the PRM step score of the env backend): any OpenAI-compatible endpoint, or SGLang /generate
     llm_url: str = ""  # e.g. http://prm-host:30000/v1 (openai) or http://prm-host:30000 (generate)
     llm_api: Literal["openai", "generate"] = "openai"  # generate: a text prompt rendered in ChatML
@@ -340,6 +362,10 @@ class AlgoConfig(Section):
     # none: the raw gap, as OpenClaw-RL; opd_clip > 0 bounds every token's OPD advantage to [-opd_clip, opd_clip]
     opd_center: Literal["none", "sample"] = "none"
     opd_clip: NonNegativeFloat = 0.0
+    # what the hinted teacher is measured against: student, the policy's own log-prob (the raw OPD gap); teacher,
+    # the same teacher without the hint, so the advantage is what the hint changes and a frozen teacher does not
+    # pull every token back toward the base model (needs the judge's unhinted teacher scores)
+    opd_baseline: Literal["student", "teacher"] = "student"
     # signal: OPD is switched off while the teacher's summed gap does not sort the judge's scores better than
     # chance (AUC over the last opd_gate_window scored samples with a hint, two standard errors): a teacher that
     # misreads the hints (wordings it never learned) would push the wrong way (clawr1/algo/advantages.opd_gate)
@@ -515,6 +541,13 @@ class Config(Section):
                              f"{j.score_noise} + {j.score_abstain}")
         if j.hint_noise + j.hint_drop > 1:
             raise ValueError(f"judge.hint_noise + judge.hint_drop must be at most 1, got {j.hint_noise} + {j.hint_drop}")
+        if j.rules_hint == "directive" and not j.directives:
+            raise ValueError("judge.rules_hint=directive maps corrections to configured options: judge.directives is empty")
+        if j.hint_noise_kind == "contradict" and j.hint_noise and not j.directives:
+            raise ValueError("judge.hint_noise_kind=contradict draws another option of the kind a hint names: "
+                             "it needs judge.directives")
+        if self.algo.opd_baseline == "teacher" and j.teacher == "none":
+            raise ValueError("algo.opd_baseline=teacher compares the teacher with and without the hint: set judge.teacher")
         if self.lora.per_user and not self.lora.enabled:
             raise ValueError("lora.per_user trains one adapter per user: set lora.enabled=true")
         if self.lora.per_user and self.lora.sync != "adapter":

@@ -11,7 +11,8 @@ from typing import Any, Optional, Union
 
 import msgspec
 
-SCHEMA_VERSION = 5  # 4: TurnAck and JudgeHello (the gateway outbox); 5: the LoRA adapter on TurnRecord and Sample
+SCHEMA_VERSION = 6  # 4: TurnAck and JudgeHello (the gateway outbox); 5: the LoRA adapter on TurnRecord and Sample;
+# 6: the teacher's log-probs without the hint on Sample (algo.opd_baseline=teacher)
 _HEADER_PREFIX = b"clawr1/"
 
 
@@ -73,6 +74,8 @@ class Sample(msgspec.Struct, tag=True, kw_only=True):
     reward: Optional[float] = None
     teacher_logprobs: Optional[list[float]] = None
     teacher_temperature: float = 1.0  # the temperature the teacher log-probs were taken at
+    # the same teacher on the same tokens without the hint (algo.opd_baseline=teacher), at teacher_temperature
+    teacher_unhinted_logprobs: Optional[list[float]] = None
     teacher_topk_ids: Optional[list[list[int]]] = None  # per response token: the teacher's k most likely ids
     teacher_topk_logprobs: Optional[list[list[float]]] = None  # and their log-probs
     teacher_version: Optional[int] = None
@@ -103,8 +106,12 @@ class Sample(msgspec.Struct, tag=True, kw_only=True):
         for name in ("loss_mask", "rollout_logprobs", "versions"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"sample {self.sample_id}: {name} has {len(getattr(self, name))} entries, response has {n}")
-        if self.teacher_logprobs is not None and len(self.teacher_logprobs) != n:
-            raise ValueError(f"sample {self.sample_id}: teacher_logprobs has {len(self.teacher_logprobs)} entries, response has {n}")
+        for name in ("teacher_logprobs", "teacher_unhinted_logprobs"):
+            values = getattr(self, name)
+            if values is not None and len(values) != n:
+                raise ValueError(f"sample {self.sample_id}: {name} has {len(values)} entries, response has {n}")
+        if self.teacher_unhinted_logprobs is not None and self.teacher_logprobs is None:
+            raise ValueError(f"sample {self.sample_id}: teacher_unhinted_logprobs without teacher_logprobs")
         ids, lps = self.teacher_topk_ids, self.teacher_topk_logprobs
         if (ids is None) != (lps is None):
             raise ValueError(f"sample {self.sample_id}: teacher top-k needs both ids and log-probs")

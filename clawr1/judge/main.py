@@ -20,6 +20,7 @@ from typing import Optional
 from clawr1 import bus, protocol
 from clawr1.config import Config
 from clawr1.chat import ChatRenderer
+from clawr1.judge.directives import DirectiveMap
 from clawr1.judge.env import EnvJudge
 from clawr1.judge.llm import LlmJudge
 from clawr1.judge.noise import HintNoise, noisy_score
@@ -31,8 +32,10 @@ from clawr1.protocol import Ack, JudgeHello, Sample, TurnAck, TurnRecord, turn_k
 log = logging.getLogger("clawr1.judge")
 
 
-def make_sample(record: TurnRecord, verdict: Verdict, scores: Optional[TeacherScores]) -> Sample:
-    """One Sample carrying every signal the turn earned: its reward, and the teacher's scores if it had a hint."""
+def make_sample(record: TurnRecord, verdict: Verdict, scores: Optional[TeacherScores],
+                unhinted: Optional[list[float]] = None) -> Sample:
+    """One Sample carrying every signal the turn earned: its reward, and the teacher's scores if it had a hint
+    (with `unhinted`, the same teacher's scores without the hint)."""
     n = len(record.response_ids)
     sid = turn_key(record)
     teacher = scores.generation if scores else None
@@ -41,7 +44,7 @@ def make_sample(record: TurnRecord, verdict: Verdict, scores: Optional[TeacherSc
         tokens=record.prompt_ids + record.response_ids, prompt_len=len(record.prompt_ids), loss_mask=[1] * n,
         rollout_logprobs=record.rollout_logprobs, versions=record.versions, temperature=record.temperature,
         reward=verdict.score, teacher_logprobs=teacher.prompt_logprobs if teacher else None,
-        teacher_temperature=scores.temperature if scores else record.temperature,
+        teacher_temperature=scores.temperature if scores else record.temperature, teacher_unhinted_logprobs=unhinted,
         teacher_topk_ids=teacher.prompt_top_ids if teacher and teacher.prompt_top_ids else None,
         teacher_topk_logprobs=teacher.prompt_top_logprobs if teacher and teacher.prompt_top_ids else None,
         teacher_version=teacher.weight_version if teacher else None, hint=verdict.hint, votes=verdict.votes,
@@ -60,16 +63,21 @@ class Judge:
         self.llm = LlmJudge(cfg.judge, cfg.prm_url) if backend == "llm" else None
         self.env = EnvJudge(cfg.judge, cfg.prm_url) if backend == "env" else None
         self.renderer = ChatRenderer(tokenizer, cfg.model.chat_template_kwargs)
+        self.directives = DirectiveMap(cfg.judge.directives)
         self.teacher: Optional[Teacher] = None
+        self.unhinted = cfg.algo.opd_baseline == "teacher"  # also score each hinted response without the hint
         if cfg.judge.teacher != "none":
             if cfg.judge.teacher in ("frozen", "lagged") and not (cfg.judge.teacher_url or cfg.judge.teacher_port):
                 raise ValueError(f"judge.teacher={cfg.judge.teacher} needs judge.teacher_url (an engine serving the "
                                  "teacher's weights) or `clawr1 run` to start one")
-            self.teacher = Teacher(EngineClient(cfg.teacher_engine_url), self.renderer)
+            self.teacher = Teacher(EngineClient(cfg.teacher_engine_url), self.renderer,
+                                   unhinted_cache_size=4096 if cfg.judge.teacher == "frozen" else 0)
         self.pool = bus.AsyncRpcClient(cfg.pool_samples_addr, timeout_s=30.0)
         self.counts: Counter = Counter()
         self.noise_rng = random.Random(f"judge-noise-{cfg.run.seed}")
-        self.hint_noise = HintNoise(cfg.judge.hint_noise, cfg.judge.hint_drop, random.Random(f"judge-hints-{cfg.run.seed}"))
+        contradict = self.directives.contradict if cfg.judge.hint_noise_kind == "contradict" else None
+        self.hint_noise = HintNoise(cfg.judge.hint_noise, cfg.judge.hint_drop, random.Random(f"judge-hints-{cfg.run.seed}"),
+                                    contradict=contradict)
         self.latency_sum = 0.0
         self.latency_n = 0
         self.waits: list[float] = []  # queueing delay (gateway queue + socket) of records since the last report
@@ -83,7 +91,8 @@ class Judge:
             return await self.env.verdicts(record)
         if self.llm is not None:
             return [(record, await self.llm.verdict(record, with_hints=self.teacher is not None))]
-        return [(record, judge_rules(record, self.patterns, self.cfg.judge.max_hint_chars))]
+        directive_hint = self.directives.hint if self.cfg.judge.rules_hint == "directive" else None
+        return [(record, judge_rules(record, self.patterns, self.cfg.judge.max_hint_chars, directive_hint))]
 
     async def handle(self, record: TurnRecord) -> list[tuple[str, str]]:
         """Judge one record; (key, reason) of every turn now done with: "sample" once its Sample is durable in
@@ -103,6 +112,7 @@ class Judge:
         # a negative verdict that says nothing about what to do instead (a vague complaint, a re-ask, a wording the
         # judge could not read a wish from): counted, never guessed
         self.counts["negative_without_hint"] += bool(verdict.score is not None and verdict.score < 0 and not verdict.hint)
+        self.counts["corrections_unmapped"] += verdict.reason == "correction, unmapped"
         if j.score_noise or j.score_abstain:
             reported = noisy_score(verdict.score, j.score_noise, j.score_abstain, self.noise_rng)
             if reported != verdict.score:
@@ -112,17 +122,24 @@ class Judge:
             hint, what = self.hint_noise.apply(verdict.hint)
             self.counts[f"hints_{what}"] += 1
             verdict = dataclasses.replace(verdict, hint=hint)
+        unhinted = None
         if verdict.hint and self.teacher is not None and record.response_ids:
             teacher = await self.teacher.score(record.prompt_ids, record.response_ids, verdict.hint,
                                                self.cfg.judge.teacher_topk, record.temperature)
             self.version = max(self.version, teacher.generation.weight_version)
+            if self.unhinted:
+                unhinted = await self.teacher.score_unhinted(record.prompt_ids, record.response_ids,
+                                                             teacher.temperature)
         self.counts["judged"] += 1
         self.counts[f"score_{'none' if verdict.score is None else int(verdict.score)}"] += 1
         if verdict.score is None and teacher is None:
             self.counts["dropped_no_signal"] += 1
             return "no_signal"
+        if j.drop_zero and verdict.score == 0 and teacher is None:  # OpenClaw-RL trains no 0-scored turn
+            self.counts["dropped_zero_score"] += 1
+            return "zero_score"
         self.counts["with_hint"] += teacher is not None
-        return "sample" if await self.send(make_sample(record, verdict, teacher)) else "refused"
+        return "sample" if await self.send(make_sample(record, verdict, teacher, unhinted)) else "refused"
 
     async def send(self, sample: Sample) -> bool:
         """Deliver to the pool; return once it is durable there (True) or refused for good (False); retries are
@@ -164,6 +181,8 @@ class Judge:
             "hint_rate": self.counts["with_hint"] / max(self.counts["judged"], 1),
             "mean_latency_s": self.latency_sum / max(self.latency_n, 1),
         }
+        if self.teacher is not None and self.unhinted:
+            out["unhinted_cache_hits"] = self.teacher.unhinted_cache_hits
         prm = self.llm or (self.env.prm if self.env is not None else None)  # the env judge's PRM reports too
         if prm is not None:
             out.update(prm.report())

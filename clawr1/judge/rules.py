@@ -3,7 +3,8 @@
 - explicit feedback score -> its sign;
 - an environment outcome -> its reward, and its text as the hint when negative;
 - a user reply that corrects ("No. Please put the answer in <ans> tags.") -> -1,
-  the directive sentences as the hint;
+  the directive sentences as the hint (or, with `judge.rules_hint: directive`, the configured option
+  directives the reply asks for: clawr1/judge/directives.py; none when it names no option);
 - a user reply that re-asks the same question -> -1, no hint;
 - a tool reply whose structured status says the call failed (`{"ok": false, "error": ...}`, a non-zero
   `exit_code`, `timed_out`: the format of envs/agentic's tool messages, one JSON object per tool
@@ -16,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from clawr1.protocol import TurnRecord
 # A sentence runs to . ! ? or a line end, but a quoted span ('Certainly.', "Hope this helps!") is one piece:
@@ -33,10 +34,14 @@ class Verdict:
     reason: str = ""
 
 
+def sentences(text: str) -> list[str]:
+    """The sentences of `text`, stripped (a quoted span stays inside its sentence)."""
+    return [s.strip() for s in _SENTENCE.findall(text) if s.strip()]
+
+
 def directive_sentences(text: str, patterns: list[re.Pattern], min_words: int = 3) -> str:
     """The sentences of `text` that match a correction pattern and say something (>= min_words words)."""
-    picked = [s.strip() for s in _SENTENCE.findall(text)
-              if any(p.search(s) for p in patterns) and len(s.split()) >= min_words]
+    picked = [s for s in sentences(text) if any(p.search(s) for p in patterns) and len(s.split()) >= min_words]
     return " ".join(picked)
 
 
@@ -75,7 +80,13 @@ class RulePatterns:
         return cls([re.compile(p, re.I) for p in corrections], [re.compile(p, re.I) for p in directives])
 
 
-def judge_rules(record: TurnRecord, patterns: RulePatterns, max_hint_chars: int = 400) -> Verdict:
+DirectiveHint = Callable[[str], str]  # a user reply -> the option directives it asks for ("" for none)
+
+
+def judge_rules(record: TurnRecord, patterns: RulePatterns, max_hint_chars: int = 400,
+                directive_hint: Optional[DirectiveHint] = None) -> Verdict:
+    """The verdict on a turn from its next state; with `directive_hint`, a correcting user reply's hint is the
+    directives it maps to (the score is the same as without)."""
     ns = record.next_state
     if ns is None or ns.kind == "none":
         return Verdict(None, reason="no next state")
@@ -91,9 +102,14 @@ def judge_rules(record: TurnRecord, patterns: RulePatterns, max_hint_chars: int 
             return Verdict(-1.0, hint=failure[:max_hint_chars], reason="tool call failed")
         return Verdict(None, reason="tool output without a verdict")
     directive = directive_sentences(ns.text, patterns.directives)
+    complaint = any(p.search(ns.text) for p in patterns.corrections)
+    if directive_hint is not None and (directive or complaint):
+        hint = directive_hint(ns.text)
+        reason = "correction" if hint else "correction, unmapped" if directive else "complaint"
+        return Verdict(-1.0, hint=hint[:max_hint_chars], reason=reason)
     if directive:
         return Verdict(-1.0, hint=directive[:max_hint_chars], reason="correction")
-    if any(p.search(ns.text) for p in patterns.corrections):
+    if complaint:
         return Verdict(-1.0, reason="complaint")
     if _is_reask(ns.text, _last_user_text(record)):
         return Verdict(-1.0, reason="re-ask")

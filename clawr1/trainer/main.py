@@ -158,7 +158,7 @@ class Trainer:
         self.baselines: dict[str, float] = {}  # per-task EMA reward baselines (algo.singleton_baseline=ema)
         # algo.opd_gate=signal: recent samples' teacher gaps and scores (not checkpointed: refilled after a resume)
         gate = cfg.algo.opd_gate == "signal"
-        self.opd_signal = OpdSignalWindow(cfg.algo.opd_gate_window) if gate else None
+        self.opd_signal = OpdSignalWindow(cfg.algo.opd_gate_window, cfg.algo.opd_baseline) if gate else None
         self.ref_policy = None
         if cfg.algo.kl_coef:  # the frozen initial policy, for the KL regularizer
             self.ref_policy = build_policy(self.model_path, par.tp, par.tp_rank, dtype=self.policy.model.config.params_dtype,

@@ -63,15 +63,17 @@ class OpdSignalWindow:
     """The last `size` scored samples with a teacher: (summed teacher - rollout log-prob gap, score), for
     algo.opd_gate=signal. Every rank sees the whole batch, so every rank holds the same window."""
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, opd_baseline: str = "student"):
         self.pairs: deque[tuple[float, float]] = deque(maxlen=size)
+        self.opd_baseline = opd_baseline
 
     def add(self, samples: list[Sample]) -> None:
-        scored = [s for s in samples if s.teacher_logprobs is not None and s.reward]
+        scored = [s for s in samples if has_opd_signal(s, self.opd_baseline) and s.reward]
         if not scored:
             return
         # the raw gap, neither centred (each sample's sum would be 0) nor clipped
-        gap, index, _ = _opd_against_rollout(scored, center=False, clip=0.0, dtype=torch.float64)
+        gap, index, _ = _opd_against_rollout(scored, center=False, clip=0.0, opd_baseline=self.opd_baseline,
+                                             dtype=torch.float64)
         sums = torch.zeros(len(scored), dtype=torch.float64).index_add_(0, index, gap)
         self.pairs.extend(zip(sums.tolist(), (s.reward for s in scored)))
 
@@ -131,21 +133,28 @@ def batch_signals(samples: list[Sample], rl_advantage: dict[str, float], algo: A
     one, shaped as the loss shapes it (centring, clipping) but against the rollout log-probs: the trained
     policy's own are known only inside each micro-batch."""
     rl = [rl_advantage[s.sample_id] for s in samples if s.sample_id in rl_advantage for m in s.loss_mask if m]
-    taught = [s for s in samples if s.teacher_logprobs is not None]
+    taught = [s for s in samples if has_opd_signal(s, algo.opd_baseline)]
     if not taught:
         return torch.tensor(rl, dtype=torch.float64), torch.zeros(0, dtype=torch.float64)
-    gap, _, trained = _opd_against_rollout(taught, algo.opd_center == "sample", algo.opd_clip)
+    gap, _, trained = _opd_against_rollout(taught, algo.opd_center == "sample", algo.opd_clip, algo.opd_baseline)
     return torch.tensor(rl, dtype=torch.float64), gap[trained]
 
 
-def _opd_against_rollout(taught: list[Sample], center: bool, clip: float,
+def has_opd_signal(s: Sample, opd_baseline: str) -> bool:
+    """Whether OPD scores the sample: a teacher, and with opd_baseline=teacher also its unhinted scores."""
+    return s.teacher_logprobs is not None and (opd_baseline == "student" or s.teacher_unhinted_logprobs is not None)
+
+
+def _opd_against_rollout(taught: list[Sample], center: bool, clip: float, opd_baseline: str = "student",
                         dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor, Tensor]:
-    """OPD's shaped advantage of every response token of `taught` (samples with a teacher) against the rollout
-    log-probs, each token's sample index, and whether the loss trains the token."""
+    """OPD's shaped advantage of every response token of `taught` (samples with OPD's signal) against the rollout
+    log-probs (opd_baseline=teacher: the unhinted teacher's), each token's sample index, and whether the loss
+    trains the token."""
     index = torch.tensor([i for i, s in enumerate(taught) for _ in range(s.response_len)], dtype=torch.long)
     trained = _flat(taught, "loss_mask").bool()
-    teacher, rollout = (_flat(taught, field, dtype=dtype) for field in ("teacher_logprobs", "rollout_logprobs"))
-    gap = shaped_opd_advantages(teacher, rollout, torch.ones_like(trained), trained, index, center, clip)
+    against = "teacher_unhinted_logprobs" if opd_baseline == "teacher" else "rollout_logprobs"
+    teacher, baseline = (_flat(taught, field, dtype=dtype) for field in ("teacher_logprobs", against))
+    gap = shaped_opd_advantages(teacher, baseline, torch.ones_like(trained), trained, index, center, clip)
     return gap, index, trained
 
 
@@ -262,6 +271,23 @@ class Totals:
         return tokens[sample_index], count[sample_index]
 
 
+def token_advantages(samples: list[Sample], plan: BatchPlan, algo: AlgoConfig, student: Tensor, sample_index: Tensor,
+                     loss_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(RL's, OPD's and the combined advantage) of every response token of `samples`, laid end to end;
+    `student`: the policy's log-prob of each token before the step, at its teacher's temperature (OPD's
+    baseline with algo.opd_baseline=student; with teacher, the teacher's own unhinted log-probs replace it)."""
+    dev = student.device
+    has_reward = torch.tensor([s.sample_id in plan.rl_advantage for s in samples], device=dev)
+    sample_adv = torch.tensor([plan.rl_advantage.get(s.sample_id, 0.0) for s in samples], device=dev)
+    has_teacher = torch.tensor([has_opd_signal(s, algo.opd_baseline) for s in samples], device=dev)[sample_index]
+    baseline = _flat(samples, "teacher_unhinted_logprobs").to(dev) if algo.opd_baseline == "teacher" else student
+    a_rl = rl_token_advantages(sample_adv, has_reward, sample_index)
+    a_opd = shaped_opd_advantages(_flat(samples, "teacher_logprobs").to(dev), baseline, has_teacher, loss_mask,
+                                  sample_index, algo.opd_center == "sample", algo.opd_clip)
+    weights = (algo.w_rl * plan.rl_scale, algo.w_opd * plan.opd_weight * plan.opd_scale)
+    return a_rl, a_opd, combined_token_advantages(a_rl, a_opd, *weights)
+
+
 def micro_batch_loss(policy: Policy, samples: list[Sample], plan: BatchPlan, algo: AlgoConfig, totals: Totals,
                      chunk_tokens: int, old: Optional[OldLogprobs], ref_policy: Optional[Policy], sums: Sums) -> Tensor:
     packed = pack_samples(policy, samples)
@@ -277,12 +303,8 @@ def micro_batch_loss(policy: Policy, samples: list[Sample], plan: BatchPlan, alg
     mask = _flat(samples, "loss_mask").to(dev)
     rollout = _flat(samples, "rollout_logprobs").to(dev)
     has_reward = torch.tensor([s.sample_id in plan.rl_advantage for s in samples], device=dev)
-    sample_adv = torch.tensor([plan.rl_advantage.get(s.sample_id, 0.0) for s in samples], device=dev)
-    has_teacher = torch.tensor([s.teacher_logprobs is not None for s in samples], device=dev)[idx]
-    a_rl = rl_token_advantages(sample_adv, has_reward, idx)
-    a_opd = shaped_opd_advantages(_flat(samples, "teacher_logprobs").to(dev), opd_base, has_teacher, mask, idx,
-                                  algo.opd_center == "sample", algo.opd_clip)
-    adv = combined_token_advantages(a_rl, a_opd, algo.w_rl * plan.rl_scale, algo.w_opd * plan.opd_weight * plan.opd_scale)
+    has_teacher = torch.tensor([has_opd_signal(s, algo.opd_baseline) for s in samples], device=dev)[idx]
+    a_rl, a_opd, adv = token_advantages(samples, plan, algo, opd_base, idx, mask)
     pg, low, high, dual = ppo_clipped_token_loss(logp, old_lp, adv, algo.eps_clip_low, algo.eps_clip_high, algo.dual_clip)
     tis = truncated_importance_weights(old_lp, rollout, algo.tis_cap) if algo.tis_cap else torch.ones_like(pg)
     tokens_per_sample = torch.tensor([float(sum(s.loss_mask)) for s in samples], device=dev)

@@ -50,6 +50,10 @@ class PersonalEnvConfig:
     # at every evaluation also measure the teacher (teacher_probe.py: hint uptake and signal quality per kind);
     # needs a client that can score responses (clawr1's gateway), skipped otherwise
     probe_teacher: bool = True
+    # the hint the probe gives the teacher: "user" (the wishes in the user's words, as phrasing says them) or
+    # "directive" (the canonical directives: what the rules judge writes with judge.rules_hint=directive when its
+    # map reads the wish right)
+    probe_hint: str = "user"
     # how answers are read: "exact" (the tiny model's shapes only) or "free_text" (a part counts wherever it
     # appears: for pretrained models, which answer in their own words; preferences.read_free_text)
     reader: str = "exact"
@@ -61,6 +65,8 @@ class PersonalEnvConfig:
     def __post_init__(self) -> None:
         if self.phrasing not in ("canonical", "free"):
             raise ValueError(f"personal env: phrasing must be 'canonical' or 'free', got {self.phrasing!r}")
+        if self.probe_hint not in ("user", "directive"):
+            raise ValueError(f"personal env: probe_hint must be 'user' or 'directive', got {self.probe_hint!r}")
         if not 0 <= self.vague_rate <= 1:
             raise ValueError(f"personal env: vague_rate must be in [0, 1], got {self.vague_rate}")
         if self.reader not in READERS:
@@ -204,6 +210,7 @@ class PersonalEnv:
         answers = next(iter(per_user.values()))[0]
         if self.cfg.probe_teacher and not self.named_users and hasattr(client, "score"):  # one profile to probe
             wording = random.Random(f"probe-{self.seed}")  # the hint in the user's words, the same at every evaluation
+            hint = directive_text if self.cfg.probe_hint == "directive" else lambda wanted: self._wish(wanted, wording)
             out.update(await probe(client, [q.text for q in questions], answers, self.profile, session_prefix,
-                                   self.seed * 100_003, self.read, lambda wanted: self._wish(wanted, wording)))
+                                   self.seed * 100_003, self.read, hint))
         return out

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from clawr1.algo.advantages import (balance_scales, combined_token_advantages, ema_advantages, grpo_advantages,
-                                    opd_token_advantages, rl_token_advantages)
+                                    opd_token_advantages, rl_token_advantages, shaped_opd_advantages)
 from tests.numerics import assert_close
 
 REWARDS = torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 2.0])
@@ -142,3 +142,19 @@ def test_balance_scales_are_one_over_each_signals_spread():
     # one token, or no spread: nothing to scale by
     assert balance_scales(torch.tensor([5.0]), torch.zeros(0)) == (1.0, 1.0)
     assert balance_scales(torch.full((6,), 0.7), torch.tensor([1.0, 1.0])) == (1.0, 1.0)
+
+
+def test_the_contrastive_gap_is_what_the_hint_changes_in_the_teacher():
+    """algo.opd_baseline=teacher: the hinted teacher against itself without the hint. A hint that changes nothing
+    gives exactly 0 on every token, however far the student has moved from the teacher; a hint that makes the
+    teacher surer of a token gives it a positive advantage, less sure a negative one."""
+    student = torch.tensor([-0.1, -0.2, -4.0, -0.3])  # a policy that has learned away from its base
+    unhinted = torch.tensor([-2.0, -1.0, -0.5, -3.0])
+    index, trained, scored = torch.tensor([0, 0, 1, 1]), torch.ones(4), torch.ones(4, dtype=torch.bool)
+    for center, clip in ((False, 0.0), (True, 0.0), (True, 0.5)):
+        assert shaped_opd_advantages(unhinted, unhinted, scored, trained, index, center, clip).tolist() == [0.0] * 4
+        # against the student, the same teacher pulls every token back toward the base
+        assert shaped_opd_advantages(unhinted, student, scored, trained, index, False, 0.0).abs().min() > 0.3
+    hinted = torch.tensor([-0.5, -1.0, -2.5, -3.0])  # the hint favours token 0 and disfavours token 2
+    gap = shaped_opd_advantages(hinted, unhinted, scored, trained, index, False, 0.0)
+    assert gap.tolist() == [1.5, 0.0, -2.0, 0.0]

@@ -195,3 +195,51 @@ def test_with_balance_std_the_update_does_not_depend_on_the_size_of_the_teachers
     # the same sums in the same order, with per-token weights (gap x scale) that differ by their rounding
     assert_all_close(grads["std", 3.0], grads["std", 1.0], torch.float32, grad_depth(tiny_model), what="grads")
     assert max_diff(grads["none", 1.0], grads["none", 3.0]) > 1e-3  # without balancing, bigger gaps push harder
+
+
+def _hand_batch():
+    """Four turns as the OpenClaw-RL recipe's judge sends them (a 0-scored turn without a hint never arrives):
+    +1 with no hint, -1 with a hint, 0 with a hint, and a hint without a score; groups of one."""
+    from clawr1.protocol import Sample
+
+    def sample(i, reward, teacher, unhinted=None):
+        n = 2
+        return Sample(sample_id=f"s{i}", group_id=f"s{i}", task_id="t", tokens=[1, 2, 3, 4][: 2 + n], prompt_len=2,
+                      loss_mask=[1] * n, rollout_logprobs=[-1.0, -2.0], versions=[0] * n, reward=reward,
+                      teacher_logprobs=teacher, teacher_unhinted_logprobs=unhinted)
+
+    return [sample(0, 1.0, None), sample(1, -1.0, [-0.5, -3.0], [-1.5, -2.0]), sample(2, 0.0, [-2.0, -1.0], [-2.0, -1.0]),
+            sample(3, None, [-0.25, -2.5], [-0.75, -2.0])]
+
+
+def test_the_openclaw_recipes_advantages_equal_a_hand_computation():
+    """recipes/combined/cpu_openclaw.yaml: A = r + (teacher - student) per token, the raw reward (no baseline),
+    the raw gap (no centring, no clip), weights 1 and 1."""
+    from clawr1.config import load_config
+    from clawr1.trainer.step import plan_batch, token_advantages
+
+    algo = load_config("recipes/combined/cpu_openclaw.yaml").algo
+    samples = _hand_batch()
+    plan, _ = plan_batch(samples, algo, 0, {"t": 0.5})  # a running mean the recipe must not subtract
+    student = torch.tensor([-1.0, -2.0, -1.0, -2.0, -1.0, -2.0, -1.0, -2.0])  # the policy before the step
+    index, mask = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3]), torch.ones(8)
+    a_rl, a_opd, combined = token_advantages(samples, plan, algo, student, index, mask)
+    #            +1, no hint | -1 + (-0.5+1, -3+2) | 0 + (-2+1, -1+2) | no score: (-0.25+1, -2.5+2)
+    assert combined.tolist() == [1.0, 1.0, -0.5, -2.0, -1.0, 1.0, 0.75, -0.5]
+    assert a_rl.tolist() == [1.0, 1.0, -1.0, -1.0, 0.0, 0.0, 0.0, 0.0]
+
+
+def test_with_the_teacher_baseline_opd_is_the_teachers_change_under_the_hint():
+    from clawr1.config import AlgoConfig
+    from clawr1.trainer.step import has_opd_signal, plan_batch, token_advantages
+
+    algo = AlgoConfig(baseline="none", opd_baseline="teacher")
+    samples = _hand_batch()
+    plan, _ = plan_batch(samples, algo, 0, {})
+    student = torch.tensor([-9.0] * 8)  # far from every teacher: it must not matter
+    _, a_opd, _ = token_advantages(samples, plan, algo, student, torch.tensor([0, 0, 1, 1, 2, 2, 3, 3]), torch.ones(8))
+    assert a_opd.tolist() == [0.0, 0.0, 1.0, -1.0, 0.0, 0.0, 0.5, -0.5]  # sample 2's hint changed nothing
+    samples[1].teacher_unhinted_logprobs = None  # e.g. from a judge that did not score it: no OPD signal, not the student
+    assert not has_opd_signal(samples[1], "teacher") and has_opd_signal(samples[1], "student")
+    _, a_opd, _ = token_advantages(samples, plan, algo, student, torch.tensor([0, 0, 1, 1, 2, 2, 3, 3]), torch.ones(8))
+    assert a_opd.tolist()[2:4] == [0.0, 0.0]
