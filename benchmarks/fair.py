@@ -70,8 +70,8 @@ class Outcome:
 DIRECTIVE = ("judge.rules_hint=directive", "rollout.env_args.probe_hint=directive")
 TEACHER_BASELINE = ("algo.opd_baseline=teacher",)
 VARIANTS = {"opd directive": ("opd", DIRECTIVE), "combined directive": ("combined", DIRECTIVE),
-            "opd directive, teacher baseline": ("opd", DIRECTIVE + TEACHER_BASELINE),
-            "combined directive, teacher baseline": ("combined", DIRECTIVE + TEACHER_BASELINE)}
+            "opd directive + teacher baseline": ("opd", DIRECTIVE + TEACHER_BASELINE),
+            "combined directive + teacher baseline": ("combined", DIRECTIVE + TEACHER_BASELINE)}
 OPENCLAW = Choice("combined", ("rollout.env_args.probe_hint=directive",), "cpu_openclaw.yaml", "openclaw")
 
 
@@ -345,7 +345,7 @@ def main(args: argparse.Namespace) -> int:
     check_users(ints(args.tune_users), ints(args.eval_users))
     args.overrides = [*args.overrides, f"judge.hint_noise_kind={args.hint_noise_kind}"]
     runner = Runner(args)
-    recipes, accuracies = args.recipes.split(","), [float(x) for x in args.judge_accuracy.split(",")]
+    recipes, accuracies = args.recipes.split(","), [float(x) for x in args.judge_accuracy.split(",") if x]
     chosen, tuning_rows = tune(runner, recipes, args.lr_grid.split(","), args.opd_teachers.split(","),
                                args.tune_accuracy, ints(args.tune_users), ints(args.tune_seeds), args.tune_setting)
     pairs = evaluation_pairs(args)
