@@ -20,7 +20,7 @@ import argparse
 import json
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -64,6 +64,7 @@ class Outcome:
     uptake: Optional[float] = None  # the teacher probe's hint uptake on the base model, mean over kinds
     early_final: float = 0.0  # the score and the area over the evaluations of the first `early` steps
     early_area: float = 0.0
+    probe: dict = field(default_factory=dict)  # the teacher probe at the first evaluation (the base model)
 
 
 # the rows the protocol adds to the tuned recipes, from the tuned settings (issue: OpenClaw-RL's method as it is)
@@ -114,7 +115,7 @@ class Runner:
         curve = curves.series["score"]
         early = [v for version, v in curve if version <= getattr(a, "early", 16)]
         return Outcome(final, area, curve, statistics.fmean(uptakes) if uptakes else None, early[-1],
-                       statistics.fmean(early))
+                       statistics.fmean(early), first_probe)
 
 
 def tune(runner: Runner, recipes: list[str], lrs: list[str], teachers: list[str], accuracy: float,
@@ -154,8 +155,8 @@ def compare(outcomes: dict[str, list[Outcome]], metric: str, row: str = "combine
 
 def evaluate(runner: Runner, chosen: dict[str, Choice], accuracies: list[float], settings: list[str],
              users: list[int], seeds: list[int], pairs: Optional[list[tuple[int, int]]] = None) -> tuple[list[str], dict]:
-    """The evaluation table's markdown rows and the JSON results; draws the band PNGs. A row with no finished run
-    at an accuracy and setting is left out there; the others are compared on the pairs all of them finished."""
+    """The evaluation table's markdown rows and the JSON results; draws the band PNGs. A row that has not finished
+    every pair at an accuracy and setting is left out there (and named), so every row is compared on all pairs."""
     rows = ["| judge accuracy | setting | row (chosen settings) | final (mean ± sample std) | area (mean ± sample std) "
             "| pairs | row − best other, final [95% CI] | row − best other, area [95% CI] "
             "| first steps: final, area | row − best other, first steps' area [95% CI] |",
@@ -165,11 +166,14 @@ def evaluate(runner: Runner, chosen: dict[str, Choice], accuracies: list[float],
     for accuracy in accuracies:
         for setting in settings:
             got = {r: [runner.outcome(c, accuracy, setting, u, s) for u, s in pairs] for r, c in chosen.items()}
-            present = [r for r in chosen if any(o is not None for o in got[r])]
-            complete = [i for i in range(len(pairs)) if all(got[r][i] is not None for r in present)]
-            if not complete:
+            present = [r for r in chosen if all(o is not None for o in got[r])]
+            partial = [r for r in chosen if r not in present and any(o is not None for o in got[r])]
+            if partial:
+                print(f"[fair] acc {accuracy:g} {setting}: left out, not every pair finished: {partial}", file=sys.stderr)
+            if not present:
                 continue
-            outcomes = {r: [got[r][i] for i in complete] for r in present}
+            complete = list(range(len(pairs)))
+            outcomes = {r: got[r] for r in present}
             combined_rows = {r for r in present if chosen[r].is_combined}
             for r, runs in outcomes.items():
                 finals, areas = [o.final for o in runs], [o.area for o in runs]
@@ -195,6 +199,28 @@ def evaluate(runner: Runner, chosen: dict[str, Choice], accuracies: list[float],
                        f"{setting}, judge accuracy {accuracy:g}: pairs {[pairs[i] for i in complete]}",
                        runner.out / f"fair-bands-{setting}-acc{accuracy:g}.png")
     return rows, results
+
+
+def probe_rows(runner: Runner, wordings: dict[str, Choice], accuracy: float, setting: str,
+               pairs: list[tuple[int, int]]) -> list[str]:
+    """Markdown rows: per kind, the base model's hint uptake and teacher AUC (the probe at each run's first
+    evaluation, mean over the pairs) with the hint as each of `wordings` (a label -> a row whose runs probe it)."""
+    probes = {label: [o.probe for o in (runner.outcome(c, accuracy, setting, u, s) for u, s in pairs)
+                      if o is not None and o.probe] for label, c in wordings.items()}
+    kinds = sorted({k.removeprefix("uptake_") for runs in probes.values() for p in runs for k in p
+                    if k.startswith("uptake_")})
+
+    def mean(label: str, key: str) -> str:
+        values = [p[key] for p in probes[label] if p.get(key) is not None]
+        return f"{statistics.fmean(values):+.2f}" if values else "n/a"
+
+    rows = ["| kind | " + " | ".join(f"uptake, {label} | AUC, {label}" for label in probes) + " |",
+            "|---|" + "---|---|" * len(probes)]
+    for kind in kinds:
+        rows.append(f"| {kind} | " + " | ".join(f"{mean(label, f'uptake_{kind}')} | {mean(label, f'auc_{kind}')}"
+                                                 for label in probes) + " |")
+    runs = {label: len(v) for label, v in probes.items()}
+    return rows + ["", f"Runs probed per wording: {runs} (judge accuracy {accuracy:g}, {setting} setting)."]
 
 
 def with_variants(chosen: dict[str, Choice], names: list[str]) -> dict[str, Choice]:
@@ -356,6 +382,10 @@ def main(args: argparse.Namespace) -> int:
     else:
         rows = with_variants(chosen, [v for v in args.variants.split(",") if v])
         eval_rows, results = evaluate(runner, rows, accuracies, args.settings.split(","), [], [], pairs)
+        if "opd directive" in rows and accuracies:
+            eval_rows += ["", "### The teacher probe on the base model: the user's words against the judge's directives",
+                          "", *probe_rows(runner, {"user words": rows["opd"], "directive": rows["opd directive"]},
+                                          accuracies[0], args.settings.split(",")[0], pairs)]
         if args.hint_noise:
             eval_rows += ["", "### Wrong hints that contradict, judge accuracy 1.0", "",
                           *hint_noise_rows(runner, chosen, [float(x) for x in args.hint_noise.split(",")], pairs)]

@@ -2,6 +2,8 @@
 
     python benchmarks/teacher_probe.py [--profiles 0,1] [--n 96] [model.path=DIR ...]
     python benchmarks/teacher_probe.py --base-url http://127.0.0.1:8000 [--profiles 0] [--reader free_text]
+    python benchmarks/teacher_probe.py --phrasing free --hint user|directive   (the user's held-out words, or the
+                                                                               directives the rules judge writes)
 
 Starts an engine and a gateway for the model (default: the tiny model, built if needed), or uses a running
 clawr1 gateway (--base-url; it scores through its /v1/score), runs envs.personal.teacher_probe for each user
@@ -25,8 +27,10 @@ from clawr1.chat_client import GatewayChat  # noqa: E402
 from envs.personal.env import PersonalEnv  # noqa: E402
 
 
-async def measure(url: str, profile_seed: int, n: int, reader: str = "exact", max_tokens: int = 48) -> dict:
-    env = PersonalEnv({"profile_seed": profile_seed, "probe_teacher": True, "reader": reader})
+async def measure(url: str, profile_seed: int, n: int, reader: str = "exact", max_tokens: int = 48,
+                  phrasing: str = "canonical", hint: str = "user") -> dict:
+    env = PersonalEnv({"profile_seed": profile_seed, "probe_teacher": True, "reader": reader, "phrasing": phrasing,
+                       "probe_hint": hint})
     chat = GatewayChat(url, None, "clawr1-policy", max_tokens, 1.0)
     try:
         return {"profile": env.profile, **await env.evaluate(chat, n, f"probe-{profile_seed}")}
@@ -58,14 +62,19 @@ def main() -> int:
                                                  "default: start one for the model")
     p.add_argument("--reader", default="exact", help="how answers are read: exact (the tiny model) or free_text")
     p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--phrasing", choices=("canonical", "free"), default="canonical",
+                   help="how the user words wishes: the warm start's directives, or held-out free wordings")
+    p.add_argument("--hint", choices=("user", "directive"), default="user",
+                   help="the teacher's hint: the wishes in the user's words, or as the canonical directives")
     p.add_argument("overrides", nargs="*", help="config overrides, e.g. model.path=runs/x/weights/v000150")
     args = p.parse_args()
     results = {}
     with tempfile.TemporaryDirectory() as tmp, gateway(args.base_url, args.overrides, Path(tmp)) as url:
         for seed in (int(s) for s in args.profiles.split(",")):
-            results[seed] = asyncio.run(measure(url, seed, args.n, args.reader, args.max_tokens))
+            results[seed] = asyncio.run(measure(url, seed, args.n, args.reader, args.max_tokens, args.phrasing,
+                                                args.hint))
             print(f"profile {seed}: {results[seed]['profile']}\n{table(results[seed])}\n", flush=True)
-    print(json.dumps({"benchmark": "teacher_probe", "n": args.n,
+    print(json.dumps({"benchmark": "teacher_probe", "n": args.n, "phrasing": args.phrasing, "hint": args.hint,
                       "profiles": {s: {k: v for k, v in r.items() if k != "profile"} for s, r in results.items()}}))
     return 0
 

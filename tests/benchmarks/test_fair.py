@@ -16,13 +16,13 @@ def args(tmp_path, **kw) -> argparse.Namespace:
 
 
 def finish(runner: fair.Runner, choice: fair.Choice, accuracy: float, setting: str, user: int, seed: int,
-           curve: list[float], probe: dict | None = None) -> None:
-    """A finished run of this configuration, where the protocol looks for it: held-out scores every 25 versions."""
+           curve: list[float], probe: dict | None = None, every: int = 25) -> None:
+    """A finished run of this configuration, where the protocol looks for it: held-out scores every `every` versions."""
     a = runner.args
-    path = personal_run(runner.out, choice.recipe, accuracy, user, seed, a.steps, [*choice.overrides], a.recipe_file,
-                        setting).path
+    path = personal_run(runner.out, choice.recipe, accuracy, user, seed, a.steps, [*choice.overrides, *a.overrides],
+                        choice.recipe_file or a.recipe_file, setting).path
     path.mkdir(parents=True)
-    rows = [{"loop": "rollout", "time": float(i), "eval_metric": "personalization_score", "eval_version": 25 * i,
+    rows = [{"loop": "rollout", "time": float(i), "eval_metric": "personalization_score", "eval_version": every * i,
              "personalization_score": v} for i, v in enumerate(curve)]
     rows[0].update(probe or {})  # the teacher probe runs at the first evaluation
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -102,3 +102,63 @@ def test_fixes_are_compared_with_the_same_settings_and_the_uptake_weight_is_the_
         "| -0.050 [-0.050, -0.050] |",
         "| realistic | w_opd = uptake 0.00 | 2 | 0.300, 0.150 | 0.500, 0.300 | +0.200 [+0.200, +0.200] "
         "| +0.150 [+0.150, +0.150] |"]
+
+
+def test_one_grid_for_every_recipe_and_the_same_teachers_for_opd_and_combined():
+    assert [c.label for c in fair.grid("combined", ["1e-4"], ["frozen", "lagged"])] == \
+        ["combined lr=1e-4 teacher=frozen", "combined lr=1e-4 teacher=lagged"]
+    assert [c.label for c in fair.grid("binary_rl", ["1e-4", "2e-4"], ["frozen"])] == ["binary_rl lr=1e-4", "binary_rl lr=2e-4"]
+    [openclaw] = fair.grid("openclaw", ["2e-4"], ["frozen", "lagged"])  # its teacher is the recipe's: frozen
+    assert (openclaw.recipe, openclaw.recipe_file, openclaw.label) == \
+        ("combined", "cpu_openclaw.yaml", "openclaw probe_hint=directive lr=2e-4")
+    assert openclaw.is_combined
+    ns = argparse.Namespace(eval_users="1001,1002,1004", eval_seeds="10,11,12", pairs="zip")
+    assert fair.evaluation_pairs(ns) == [(1001, 10), (1002, 11), (1004, 12)]
+    with pytest.raises(SystemExit, match="as many seeds as users"):
+        fair.evaluation_pairs(argparse.Namespace(eval_users="1,2", eval_seeds="10", pairs="zip"))
+
+
+def test_every_combined_row_is_compared_with_the_best_row_that_is_not_combined_at_both_horizons(tmp_path):
+    runner = fair.Runner(args(tmp_path, early=16))
+    chosen = {r: fair.Choice(r, ("trainer.lr=2e-4",)) for r in ("binary_rl", "opd", "combined")}
+    rows = fair.with_variants(chosen, ["opd directive", "combined directive + teacher baseline"])
+    assert rows["combined directive + teacher baseline"].overrides == (
+        "trainer.lr=2e-4", "judge.rules_hint=directive", "rollout.env_args.probe_hint=directive",
+        "algo.opd_baseline=teacher")
+    pairs = [(1001, 10), (1002, 11), (1004, 12)]
+    curves = {"binary_rl": [0.0, 0.0, 0.1, 0.5], "opd": [0.0, 0.2, 0.3, 0.3], "combined": [0.0, 0.1, 0.2, 0.4],
+              "opd directive": [0.0, 0.3, 0.4, 0.4], "combined directive + teacher baseline": [0.0, 0.4, 0.5, 0.6]}
+    for name, curve in curves.items():
+        for user, seed in pairs:  # evaluations at versions 0, 8, 16, 24: the first horizon holds three
+            finish(runner, rows[name], 1.0, "realistic", user, seed, curve, every=8)
+    table, results = fair.evaluate(runner, rows, [1.0], ["realistic"], [], [], pairs)
+    best = results["realistic/acc1/combined directive + teacher baseline"]
+    assert best["early_final_mean"] == 0.5 and best["early_area_mean"] == 0.3  # (0 + 0.4 + 0.5) / 3
+    # against the best row that is not combined: binary RL by the final score, OPD directive by the areas
+    assert best["vs_best_other_final"].startswith("combined directive + teacher baseline - binary_rl: +0.100")
+    assert best["vs_best_other_early_area"].startswith(
+        "combined directive + teacher baseline - opd directive: +0.067")
+    assert "vs_best_other_final" not in results["realistic/acc1/opd directive"]
+    assert len([r for r in table if r.startswith("| 1 |")]) == 5
+
+
+def test_contradicting_hint_rows_and_the_probe_table(tmp_path):
+    runner = fair.Runner(args(tmp_path))
+    chosen = {r: fair.Choice(r, ("trainer.lr=2e-4",)) for r in ("binary_rl", "opd", "combined")}
+    pairs = [(1001, 10), (1002, 11)]
+    for user, seed in pairs:
+        finish(runner, chosen["binary_rl"], 1.0, "realistic", user, seed, [0.0, 0.5])
+        for recipe, final in (("opd", 0.2), ("combined", 0.6)):
+            noisy = chosen[recipe].but(f"{recipe} directive", *fair.DIRECTIVE, "judge.hint_noise_kind=contradict",
+                                       "judge.hint_noise=0.6")
+            finish(runner, noisy, 1.0, "realistic", user, seed, [0.0, final])
+        finish(runner, chosen["opd"], 1.0, "realistic", user, seed, [0.0, 0.1], {"uptake_tone": -0.5, "auc_tone": 0.25})
+        finish(runner, chosen["opd"].but("opd directive", *fair.DIRECTIVE), 1.0, "realistic", user, seed, [0.0, 0.1],
+               {"uptake_tone": 0.5 + 0.25 * (user == 1002), "auc_tone": 0.75})
+    rows = fair.hint_noise_rows(runner, chosen, [0.6, 0.3], pairs)
+    assert rows[2:] == ["| 0.6 | 0.500, 0.250 | 0.200, 0.100 | 0.600, 0.300 | 2 | combined - binary_rl: +0.100 "
+                        "[+0.100, +0.100] | combined - binary_rl: +0.050 [+0.050, +0.050] |"]  # 0.3 never ran
+    probe = fair.probe_rows(runner, {"user words": chosen["opd"],
+                                     "directive": chosen["opd"].but("opd directive", *fair.DIRECTIVE)}, 1.0,
+                            "realistic", pairs)
+    assert probe[2] == "| tone | -0.50 | +0.25 | +0.62 | +0.75 |"
