@@ -193,8 +193,9 @@ def evaluate(runner: Runner, chosen: dict[str, Choice], accuracies: list[float],
                             f"{len(runs)}/{len(pairs)} | {cmp['final'] or ''} | {cmp['area'] or ''} | "
                             f"{statistics.fmean(early_finals):.3f}, {statistics.fmean(early_areas):.3f} ± "
                             f"{sample_std(early_areas):.3f} | {cmp['early_area'] or ''} |")
-            results[f"{setting}/acc{accuracy:g}/interval_final"] = compare(outcomes, "final")
-            results[f"{setting}/acc{accuracy:g}/interval_area"] = compare(outcomes, "area")
+            if "combined" in outcomes:  # the recipe's own row, as reported before the variants
+                results[f"{setting}/acc{accuracy:g}/interval_final"] = compare(outcomes, "final", "combined", combined_rows)
+                results[f"{setting}/acc{accuracy:g}/interval_area"] = compare(outcomes, "area", "combined", combined_rows)
             plot_bands({chosen[r].label: [o.curve for o in runs] for r, runs in outcomes.items()},
                        f"{setting}, judge accuracy {accuracy:g}: pairs {[pairs[i] for i in complete]}",
                        runner.out / f"fair-bands-{setting}-acc{accuracy:g}.png")

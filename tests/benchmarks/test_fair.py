@@ -139,6 +139,8 @@ def test_every_combined_row_is_compared_with_the_best_row_that_is_not_combined_a
     assert best["vs_best_other_early_area"].startswith(
         "combined directive + teacher baseline - opd directive: +0.067")
     assert "vs_best_other_final" not in results["realistic/acc1/opd directive"]
+    # the recipe's own row against the best that is not combined, never against a combined variant
+    assert results["realistic/acc1/interval_final"].startswith("combined - binary_rl: -0.100")
     assert len([r for r in table if r.startswith("| 1 |")]) == 5
 
 
