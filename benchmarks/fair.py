@@ -213,7 +213,7 @@ def probe_rows(runner: Runner, wordings: dict[str, Choice], accuracy: float, set
 
     def mean(label: str, key: str) -> str:
         values = [p[key] for p in probes[label] if p.get(key) is not None]
-        return f"{statistics.fmean(values):+.2f}" if values else "n/a"
+        return f"{statistics.fmean(values):{'+' if key.startswith('uptake_') else ''}.2f}" if values else "n/a"
 
     rows = ["| kind | " + " | ".join(f"uptake, {label} | AUC, {label}" for label in probes) + " |",
             "|---|" + "---|---|" * len(probes)]

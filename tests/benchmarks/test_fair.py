@@ -163,4 +163,4 @@ def test_contradicting_hint_rows_and_the_probe_table(tmp_path):
     probe = fair.probe_rows(runner, {"user words": chosen["opd"],
                                      "directive": chosen["opd"].but("opd directive", *fair.DIRECTIVE)}, 1.0,
                             "realistic", pairs)
-    assert probe[2] == "| tone | -0.50 | +0.25 | +0.62 | +0.75 |"
+    assert probe[2] == "| tone | -0.50 | 0.25 | +0.62 | 0.75 |"
