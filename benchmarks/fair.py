@@ -196,7 +196,7 @@ def evaluate(runner: Runner, chosen: dict[str, Choice], accuracies: list[float],
             if "combined" in outcomes:  # the recipe's own row, as reported before the variants
                 results[f"{setting}/acc{accuracy:g}/interval_final"] = compare(outcomes, "final", "combined", combined_rows)
                 results[f"{setting}/acc{accuracy:g}/interval_area"] = compare(outcomes, "area", "combined", combined_rows)
-            plot_bands({chosen[r].label: [o.curve for o in runs] for r, runs in outcomes.items()},
+            plot_bands({r: [o.curve for o in runs] for r, runs in outcomes.items()},  # the table names the settings
                        f"{setting}, judge accuracy {accuracy:g}: pairs {[pairs[i] for i in complete]}",
                        runner.out / f"fair-bands-{setting}-acc{accuracy:g}.png")
     return rows, results
