@@ -120,11 +120,17 @@ class Runner:
 
 def tune(runner: Runner, recipes: list[str], lrs: list[str], teachers: list[str], accuracy: float,
          users: list[int], seeds: list[int], setting: str = "realistic") -> tuple[dict[str, Choice], list[str]]:
-    """The choice with the best mean area per recipe, and the tuning table's markdown rows."""
+    """The choice with the best mean area per recipe, and the tuning table's markdown rows. A recipe whose grid
+    holds one candidate (one lr, one teacher) gets it without a tuning run."""
     chosen, rows = {}, ["| recipe | candidate | mean final | mean area | runs |", "|---|---|---|---|---|"]
     for recipe in recipes:
+        candidates = grid(recipe, lrs, teachers)
+        if len(candidates) == 1:  # nothing to choose: no tuning run
+            chosen[recipe] = candidates[0]
+            rows.append(f"| {recipe} | {candidates[0].label} | the only candidate: not run | | |")
+            continue
         best = None
-        for choice in grid(recipe, lrs, teachers):
+        for choice in candidates:
             got = [runner.outcome(choice, accuracy, setting, u, s) for u in users for s in seeds]
             done = [o for o in got if o is not None]
             if not done:

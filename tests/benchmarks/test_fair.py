@@ -43,6 +43,14 @@ def test_tuning_picks_the_best_mean_area_among_fully_run_candidates(tmp_path):
     assert any("| 1/2 |" in r for r in rows) and sum("| 2/2 |" in r for r in rows) == 2
 
 
+def test_a_grid_of_one_candidate_is_chosen_without_a_tuning_run(tmp_path):
+    runner = fair.Runner(args(tmp_path, report_only=False))  # would train if it ran anything
+    chosen, rows = fair.tune(runner, ["binary_rl", "opd"], ["2e-4"], ["frozen"], 1.0, [0], [0])
+    assert chosen == {"binary_rl": fair.Choice("binary_rl", ("trainer.lr=2e-4",)),
+                      "opd": fair.Choice("opd", ("trainer.lr=2e-4", "judge.teacher=frozen"))}
+    assert sum("not run" in r for r in rows) == 2 and not any(tmp_path.iterdir())
+
+
 def test_evaluation_reports_sample_std_and_the_paired_interval_against_the_best_other(tmp_path):
     runner = fair.Runner(args(tmp_path))
     chosen = {r: fair.Choice(r, (f"trainer.lr={lr}",)) for r, lr in (("binary_rl", "2e-4"), ("opd", "1e-4"),
