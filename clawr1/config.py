@@ -150,8 +150,13 @@ class ServeConfig(Section):
     # tokens per request (prompt + reply) the embedded engine's KV cache holds; 0: the smaller of the model's
     # maximum and 4,096 (clawr1/serving/memory.py). The gateway refuses longer prompts with a 400.
     context_length: NonNegativeInt = 0
-    # the embedded engine refuses to start when weights + KV cache exceed this; 0: the memory available
+    # the embedded engine's memory: weights + its KV pool within mem_fraction_static of this (the rest for
+    # activations); it refuses to start when the weights and one whole context do not fit. 0: the memory available
     memory_budget_gb: NonNegativeFloat = 0.0
+    mem_fraction_static: typing.Annotated[float, Field(gt=0.0, le=1.0)] = 0.85
+    # the KV pool in tokens (SGLang's --max-total-tokens): requests are admitted while their prompt + max_tokens
+    # fit and wait otherwise; 0: what the budget leaves, at most max_running_requests whole contexts
+    max_total_tokens: NonNegativeInt = 0
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     # the embedded engine's device. cuda: weights and KV cache in GPU memory (use dtype bfloat16), the budget above
     # is GPU memory; with the trainer on the same GPU each engine takes its budget and leaves the rest to it

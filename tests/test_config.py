@@ -119,7 +119,19 @@ def test_the_lora_users_recipe_is_combined_with_one_adapter_per_user():
     assert (users.lora.enabled, users.lora.per_user, users.lora.slots, users.lora.sync) == (True, True, 2, "adapter")
     assert users.rollout.env_args["users"] == [0, 1] and users.trainer.lr == 3e-3  # measured: README
     assert users.serve.max_loras == 7  # three versions of each slot's adapter, and one more
-    assert (users.algo, users.judge) == (combined.algo, combined.judge)
+    assert users.algo == combined.algo and users.judge.teacher == "policy"  # the base, adapter off: no 2nd engine
+    assert users.judge.model_copy(update={"teacher": combined.judge.teacher}) == combined.judge
+
+
+def test_the_qwen_lora_recipes_differ_only_in_weights_and_teacher_and_score_the_base_as_teacher():
+    combined, binary, opd = (load_config(REPO / f"recipes/{r}/cpu_qwen05_lora.yaml") for r in ("combined", "binary_rl", "opd"))
+    assert [(c.algo.w_rl, c.algo.w_opd) for c in (combined, binary, opd)] == [(1.0, 1.0), (1.0, 0.0), (0.0, 1.0)]
+    assert (combined.judge.teacher, binary.judge.teacher, opd.judge.teacher) == ("policy", "none", "policy")
+    assert binary.rollout == combined.rollout == opd.rollout and binary.trainer == combined.trainer == opd.trainer
+    assert binary.lora == combined.lora == opd.lora and combined.lora.serves_adapters and combined.lora.rank == 16
+    live = load_config(REPO / "recipes/live/cpu_qwen05_lora.yaml")
+    assert live.lora.serves_adapters and live.judge.teacher == "policy" and not live.judge.runs_own_teacher
+    assert {c.model.name for c in (combined, binary, opd, live)} == {"qwen2.5-coder-0.5b-instruct"}
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -7,8 +7,13 @@ is tagged with the weight version that produced it, so a weight swap never
 fails a request: tokens before the swap carry the old version, tokens after it
 the new one.
 
+The KV cache is one pool of token positions (SGLang's token pool): a request
+is admitted, first come first served, while the positions it may fill (prompt
++ max_new_tokens, within the context) are free, and waits otherwise; at most
+`max_running` run at once.
+
 No KV entry outlives the weights that computed it. There is no prefix cache
-across requests (a slot's keys and values are rewritten by each prefill), and a
+across requests (a request's keys and values are rewritten by each prefill), and a
 weight change retracts every running request, as SGLang's `retract` pause does:
 its slot is released and it goes back to the front of the queue, to be
 prefilled again (prompt + the tokens it has so far) under the new weights
@@ -129,7 +134,7 @@ class _Running:
     input_top: list = field(default_factory=list)
     finish: Optional[dict] = None
     stop_text_cut: Optional[int] = None
-    slot: int = -1  # KV cache slot while running
+    slot: int = -1  # KV pool slot while running
     retractions: int = 0  # times its KV cache was dropped (pause in retract mode, weight change)
     adapter: Optional[Adapter] = None  # its LoRA adapter, held until it finishes
 
@@ -139,7 +144,7 @@ class Engine:
 
     def __init__(self, model_path: str | Path, dtype: str = "float32", max_running: int = 32,
                  weight_version: int = 0, max_context: Optional[int] = None, max_loras: int = 0, max_lora_rank: int = 64,
-                 device: str = "cpu"):
+                 device: str = "cpu", max_total_tokens: Optional[int] = None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if max_loras and device != "cpu":
@@ -152,7 +157,12 @@ class Engine:
         self.model = model
         self.max_running = max_running
         self.max_context = max_context or getattr(model.config, "max_position_embeddings", 4096)
-        self.runner = ModelRunner(model, slots=max_running, capacity=self.max_context)
+        # the KV pool (SGLang's max_total_num_tokens); by default room for every request's whole context
+        self.max_total_tokens = max_total_tokens or max_running * self.max_context
+        if self.max_total_tokens < self.max_context:
+            raise ValueError(f"a KV pool of {self.max_total_tokens} tokens cannot hold one request of the context "
+                             f"length {self.max_context}")
+        self.runner = ModelRunner(model, slots=max_running, pool_tokens=self.max_total_tokens)
         # LoRA (SGLang's --enable-lora): adapters by name, chosen per request; 0 adapters: LoRA is off
         self.adapters = AdapterBank(model, max_loras, max_lora_rank) if max_loras else None
         self.weight_version = weight_version
@@ -180,6 +190,10 @@ class Engine:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+    @property
+    def kv_pool_free_tokens(self) -> int:
+        return self.runner.cache.free_tokens
 
     @property
     def load(self) -> dict[str, int]:
@@ -387,9 +401,11 @@ class Engine:
 
     def _step(self) -> None:
         admitted = []
-        with self._wake:
-            while self._waiting and len(self._running) + len(admitted) < self.max_running:
-                admitted.append(self._waiting.popleft())
+        with self._wake:  # first come, first served: the head waits until its tokens fit in the pool
+            while self._waiting and self.runner.cache.fits(self._reserve(self._waiting[0])):
+                r = self._waiting.popleft()
+                r.slot = self.runner.cache.take(self._reserve(r))
+                admitted.append(r)
         decoding = [r for r in self._running if r.finish is None]
         for r in admitted:
             self._prefill(r)
@@ -404,7 +420,6 @@ class Engine:
     def _prefill(self, r: _Running) -> None:
         """A new request's prompt, or a retracted one's prompt + output so far; then its next token."""
         req = r.req
-        r.slot = self.runner.cache.take()
         with self._adapters_of([r]):
             hidden = self.runner.prefill(torch.tensor(req.input_ids + r.output_ids, device=self.device), r.slot)
         if r.output_ids:  # retracted: its prompt log-probs were taken the first time
@@ -418,6 +433,10 @@ class Engine:
             return
         self._running.append(r)
         self._sample([r], self.runner.logits(hidden[-1:]))
+
+    def _reserve(self, r: _Running) -> int:
+        """The KV positions a request may fill: its prompt and every token it may still write, within the context."""
+        return min(len(r.req.input_ids) + r.req.params.max_new_tokens, self.max_context)
 
     def _adapters_of(self, batch: list[_Running]):
         if self.adapters is None:

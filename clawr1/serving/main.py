@@ -13,7 +13,7 @@ from clawr1.runtime import freeze_startup_objects, setup_logging
 from clawr1.engine_api.lora import adapter_name, read_current
 from clawr1.serving.adapters import AdapterError, read_peft_dir
 from clawr1.serving.engine import Engine, RequestError
-from clawr1.serving.memory import (GIB, EngineMemoryError, EnginePlan, check_colocation, check_fits, plan_engine,
+from clawr1.serving.memory import (GIB, EngineMemoryError, EnginePlan, check_colocation, plan_engine, size_pool,
                                    trainer_bytes)
 from clawr1.serving.server import create_app
 from clawr1.model_path import resolve_model_path
@@ -45,19 +45,21 @@ def engines_beside_trainer(cfg: Config) -> int:
     return cfg.serve.num_engines + int(cfg.judge.runs_own_teacher) + int(cfg.judge.runs_own_prm)
 
 
-def check_memory(cfg: Config, path: Path, plan: EnginePlan) -> None:
-    """The plan within serve.memory_budget_gb; beside the trainer, all engines' budgets and the trainer within the card."""
+def check_memory(cfg: Config, path: Path, plan: EnginePlan) -> EnginePlan:
+    """The plan with its KV pool sized within serve.memory_budget_gb; beside the trainer, all engines' budgets and
+    the trainer within the card."""
     s = cfg.serve
     engines = engines_beside_trainer(cfg)
     if engines and not s.memory_budget_gb:
         raise EngineMemoryError("the engine shares the GPU with the trainer: set serve.memory_budget_gb, the GPU "
                                 "memory each engine takes (the trainer gets the rest)")
-    check_fits(plan, s.memory_budget_gb, s.device)
+    plan = size_pool(plan, s.memory_budget_gb, s.device, s.mem_fraction_static, s.max_total_tokens)
     if not engines:
-        return
+        return plan
     t = cfg.trainer
     need = trainer_bytes(path, t.precision, t.max_tokens_per_microbatch, t.logprob_chunk_tokens)
     check_colocation(int(s.memory_budget_gb * GIB), engines, need, torch.cuda.get_device_properties(0).total_memory)
+    return plan
 
 
 def main(cfg: Config) -> int:
@@ -71,16 +73,16 @@ def main(cfg: Config) -> int:
     s = cfg.serve
     plan = plan_engine(path, s.dtype, s.max_running_requests, s.context_length)
     try:
-        check_memory(cfg, path, plan)
+        plan = check_memory(cfg, path, plan)
     except EngineMemoryError as e:
         log.error("%s", e)
         return 2
     engine = Engine(path, dtype=s.dtype, max_running=s.max_running_requests, max_context=plan.context,
                     weight_version=s.weight_version, max_loras=s.max_loras, max_lora_rank=s.max_lora_rank,
-                    device=s.device)
-    log.info("engine on %s serving %s on %s (%d requests x %d tokens; weights %.2f GiB + KV cache %.2f GiB)",
-             cfg.engine_url, path, s.device, plan.slots, plan.context, plan.weights_bytes / GIB,
-             plan.kv_cache_bytes / GIB)
+                    device=s.device, max_total_tokens=plan.pool_tokens)
+    log.info("engine on %s serving %s on %s (up to %d requests of up to %d tokens; weights %.2f GiB + a KV pool of "
+             "%d tokens, %.2f GiB)", cfg.engine_url, path, s.device, plan.slots, plan.context,
+             plan.weights_bytes / GIB, plan.pool_tokens, plan.kv_cache_bytes / GIB)
     if s.max_loras:
         load_published_adapters(engine, cfg.run_dir / "adapters")
     freeze_startup_objects()

@@ -1,11 +1,15 @@
 """What the embedded engine will hold in memory, worked out before it loads anything.
 
-The engine holds the weights and a KV cache of `serve.max_running_requests` slots of `serve.context_length`
-tokens each (2 x layers x slots x context x kv_heads x head_dim values). A model's maximum context is often
-far more than a CPU run needs (SmolLM2: 8,192; Qwen3: 40,960), so the context defaults to the smaller of the
-model's maximum and `CPU_DEFAULT_CONTEXT` (clawr1/model_path.py). If weights plus cache do not fit in `serve.memory_budget_gb`
-(default: the memory the machine has available), the engine refuses to start and says which keys to change,
-rather than being killed by the kernel halfway through.
+The engine holds the weights and one pool of KV positions shared by its running requests (SGLang's token pool:
+2 x layers x kv_heads x head_dim values per token). A request is admitted while the tokens it may fill (prompt +
+max_new_tokens, within `serve.context_length`) fit in the pool, and waits otherwise. The pool's size is
+`serve.max_total_tokens` when set; else whatever `serve.mem_fraction_static` of the budget leaves beside the
+weights, at most `serve.max_running_requests` whole contexts (more could never be used). A model's maximum context
+is often far more than a CPU run needs (SmolLM2: 8,192; Qwen3: 40,960), so the context defaults to the smaller of
+the model's maximum and `CPU_DEFAULT_CONTEXT` (clawr1/model_path.py). The budget is `serve.memory_budget_gb`
+(default: the memory the machine has available). The engine refuses to start, saying which keys to change, when
+the weights and one request's whole context do not fit, or when a set pool does not: never killed by the kernel
+halfway through.
 
 On a GPU (`serve.device=cuda`) the same plan is held in GPU memory, and the budget is GPU memory (0: what
 the device has free). When the trainer shares the GPU (one machine, no device partition), each engine on it
@@ -15,7 +19,7 @@ the trainer needs (`trainer_bytes`) exceed the card, naming every number (`check
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from clawr1.model_path import engine_context
@@ -30,10 +34,15 @@ class EngineMemoryError(RuntimeError):
 
 @dataclass(frozen=True)
 class EnginePlan:
-    context: int  # tokens per request
-    slots: int  # requests at once
+    context: int  # tokens per request at most
+    slots: int  # requests at once at most
     weights_bytes: int
-    kv_cache_bytes: int
+    token_bytes: int  # one token's keys and values over every layer
+    pool_tokens: int  # the KV pool
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return self.pool_tokens * self.token_bytes
 
     @property
     def total_bytes(self) -> int:
@@ -55,7 +64,9 @@ def parameter_count(model_dir: Path) -> int:
     return total
 
 
-def plan_engine(model_dir: Path, dtype: str, slots: int, context_length: int) -> EnginePlan:
+def plan_engine(model_dir: Path, dtype: str, slots: int, context_length: int, pool_tokens: int = 0) -> EnginePlan:
+    """The engine's plan with a pool of `pool_tokens` (0: every slot's whole context; `size_pool` fits it to a
+    budget)."""
     config = json.loads((model_dir / "config.json").read_text())
     config = config.get("text_config", config)
     heads = config["num_attention_heads"]
@@ -63,8 +74,8 @@ def plan_engine(model_dir: Path, dtype: str, slots: int, context_length: int) ->
     kv_heads = config.get("num_key_value_heads") or heads
     context = engine_context(config.get("max_position_embeddings", 0), context_length)
     width = DTYPE_BYTES[dtype]
-    kv = 2 * config["num_hidden_layers"] * slots * context * kv_heads * head_dim * width
-    return EnginePlan(context, slots, parameter_count(model_dir) * width, kv)
+    token_bytes = 2 * config["num_hidden_layers"] * kv_heads * head_dim * width
+    return EnginePlan(context, slots, parameter_count(model_dir) * width, token_bytes, pool_tokens or slots * context)
 
 
 def available_bytes(device: str = "cpu") -> int:
@@ -85,19 +96,33 @@ def available_bytes(device: str = "cpu") -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def check_fits(plan: EnginePlan, budget_gb: float, device: str = "cpu") -> None:
-    """Raise EngineMemoryError when the plan needs more than the budget (0: what the device has available)."""
+def size_pool(plan: EnginePlan, budget_gb: float, device: str = "cpu", fraction: float = 1.0,
+              pool_tokens: int = 0) -> EnginePlan:
+    """The plan with its pool sized within `fraction` of the budget (0 GB: what the device has available): the
+    set `pool_tokens`, refused when it does not fit; else what the budget leaves beside the weights, at most the
+    plan's pool. Raises EngineMemoryError when the weights and one request's whole context do not fit."""
     budget = int(budget_gb * GIB) if budget_gb else available_bytes(device)
-    if plan.total_bytes <= budget:
-        return
-    per_slot = plan.kv_cache_bytes / max(plan.slots, 1)
-    fits_slots = int(max(budget - plan.weights_bytes, 0) // per_slot) if per_slot else 0
-    raise EngineMemoryError(
-        f"the engine needs {plan.total_bytes / GIB:.2f} GiB (weights {plan.weights_bytes / GIB:.2f} GiB + KV cache "
-        f"{plan.kv_cache_bytes / GIB:.2f} GiB for {plan.slots} requests x {plan.context} tokens) but "
-        f"{'serve.memory_budget_gb is' if budget_gb else 'the machine has'} {budget / GIB:.2f} GiB"
-        f"{'' if budget_gb else ' available'}. Lower serve.max_running_requests (at this context "
-        f"{fits_slots} would fit) or serve.context_length, or use serve.dtype=bfloat16")
+    usable = int(budget * fraction)
+    room_tokens = max(usable - plan.weights_bytes, 0) // plan.token_bytes
+    where = (f"{'serve.memory_budget_gb is' if budget_gb else 'the machine has'} {budget / GIB:.2f} GiB"
+             f"{'' if budget_gb else ' available'}, of which serve.mem_fraction_static ({fraction:g}) is "
+             f"{usable / GIB:.2f} GiB")
+    if pool_tokens:
+        if pool_tokens > room_tokens:
+            raise EngineMemoryError(
+                f"the engine needs {(plan.weights_bytes + pool_tokens * plan.token_bytes) / GIB:.2f} GiB (weights "
+                f"{plan.weights_bytes / GIB:.2f} GiB + a KV pool of serve.max_total_tokens={pool_tokens} tokens) but "
+                f"{where}. Lower serve.max_total_tokens ({room_tokens} would fit) or use serve.dtype=bfloat16")
+        return replace(plan, pool_tokens=pool_tokens)
+    if room_tokens < plan.context:
+        raise EngineMemoryError(
+            f"the engine needs {(plan.weights_bytes + plan.context * plan.token_bytes) / GIB:.2f} GiB at least "
+            f"(weights {plan.weights_bytes / GIB:.2f} GiB + the KV cache of one request of {plan.context} tokens, "
+            f"{plan.context * plan.token_bytes / GIB:.2f} GiB) but {where}. "
+            + (f"Lower serve.context_length ({room_tokens} tokens would fit), use serve.dtype=bfloat16, or raise "
+               "serve.memory_budget_gb" if room_tokens else
+               "The weights alone do not fit: use serve.dtype=bfloat16 or raise serve.memory_budget_gb"))
+    return replace(plan, pool_tokens=min(plan.pool_tokens, room_tokens))
 
 
 # Per parameter, what the trainer keeps for the whole run: bf16 (megatron's distributed optimizer): the bf16

@@ -1,20 +1,23 @@
-"""Batched forward passes over an HF decoder (Qwen2, Qwen3, Llama) with a slot-based KV cache.
+"""Batched forward passes over an HF decoder (Qwen2, Qwen3, Llama) with a paged KV cache.
 
 The runner reuses the HF model's own modules (norms, projections, rotary
-embedding, MLP), so its numbers are the model's numbers. What it adds is a KV
-cache with one slot per running request:
+embedding, MLP), so its numbers are the model's numbers. What it adds is one
+pool of KV positions shared by the running requests (SGLang's token pool):
 
-- `prefill(ids, slot)` runs a new request's prompt and fills its slot;
+- `cache.take(tokens)` reserves pages for a request's prompt and the reply it
+  may write (`cache.fits(tokens)` says whether they are free: the engine admits
+  a request only then, and it waits otherwise);
+- `prefill(ids, slot)` runs a new request's prompt and fills its pages;
 - `decode(tokens, slots)` advances every running request by one token in one
   batch: projections and MLP batched, and one attention call per layer over
-  the slots' caches (a mask hides each slot's unused tail).
+  each request's positions, gathered from the pool.
 
 New requests are prefilled between decode steps and join the next batch
-(continuous batching). Nothing in the cache is shared between requests or kept
-for later ones: `take` hands out a slot whose length is 0 and `prefill` writes
-it from position 0, so a request never reads keys and values another request
-(or another weight version) wrote. The engine retracts running requests on a
-weight change and prefills them again (clawr1/serving/engine.py).
+(continuous batching). Nothing in the pool is shared between requests or kept
+for later ones: `prefill` writes a request's pages from position 0, and a
+request only ever reads positions it wrote, so it never sees keys and values
+another request (or another weight version) wrote. The engine retracts running
+requests on a weight change and prefills them again (clawr1/serving/engine.py).
 """
 from __future__ import annotations
 
@@ -27,29 +30,67 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-class SlotCache:
-    """Keys and values for `slots` requests of up to `capacity` tokens, per layer."""
+PAGE_TOKENS = 16  # positions per page of the pool
 
-    def __init__(self, layers: int, slots: int, kv_heads: int, capacity: int, head_dim: int, dtype: torch.dtype,
+
+class TokenPool:
+    """Keys and values of the running requests in one pool of `tokens` positions per layer, handed out in pages.
+
+    A request holds a slot (an index below `slots`) with the pages of the tokens it reserved. The pool's memory
+    is reserved at start but, on CPU, only touched where requests write.
+    """
+
+    def __init__(self, layers: int, slots: int, tokens: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
                  device: torch.device = torch.device("cpu")):
-        shape = (slots, kv_heads, capacity, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        pages = tokens // PAGE_TOKENS
+        if pages < 1:
+            raise ValueError(f"a KV pool of {tokens} tokens holds no page of {PAGE_TOKENS}")
+        shape = (pages * PAGE_TOKENS, kv_heads, head_dim)
+        self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.tokens = pages * PAGE_TOKENS
+        self.device = device
         self.lengths = torch.zeros(slots, dtype=torch.long, device=device)
-        self.capacity = capacity
-        self.free = list(range(slots - 1, -1, -1))
+        self.positions: list[torch.Tensor] = [torch.empty(0, dtype=torch.long, device=device)] * slots
+        self.free_slots = list(range(slots - 1, -1, -1))
+        self.free_pages = list(range(pages - 1, -1, -1))
 
-    def take(self) -> int:
-        slot = self.free.pop()
+    @staticmethod
+    def pages_for(tokens: int) -> int:
+        return -(-tokens // PAGE_TOKENS)
+
+    def fits(self, tokens: int) -> bool:
+        return bool(self.free_slots) and len(self.free_pages) >= self.pages_for(tokens)
+
+    @property
+    def free_tokens(self) -> int:
+        return len(self.free_pages) * PAGE_TOKENS
+
+    def take(self, tokens: int) -> int:
+        """A slot with pages for `tokens` positions, its length 0 (the caller checked `fits`)."""
+        slot = self.free_slots.pop()
+        pages = torch.tensor([self.free_pages.pop() for _ in range(self.pages_for(tokens))], device=self.device)
+        self.positions[slot] = (pages[:, None] * PAGE_TOKENS + torch.arange(PAGE_TOKENS, device=self.device)).flatten()
         self.lengths[slot] = 0
         return slot
 
     def release(self, slot: int) -> None:
-        self.free.append(slot)
+        self.free_pages.extend((self.positions[slot][::PAGE_TOKENS] // PAGE_TOKENS).tolist())
+        self.positions[slot] = self.positions[slot][:0]
+        self.free_slots.append(slot)
+
+    def gather_index(self, slots: list[int], longest: int) -> torch.Tensor:
+        """[B, longest] pool positions of each slot's tokens 0..longest-1; past a slot's own filled part (length
+        + 1), its first position, so only written positions are read (the mask hides them)."""
+        rows = []
+        for slot in slots:
+            own = self.positions[slot][:min(int(self.lengths[slot]) + 1, longest)]
+            rows.append(torch.cat([own, own[:1].expand(longest - own.numel())]))
+        return torch.stack(rows)
 
 
 class ModelRunner:
-    def __init__(self, hf_model: torch.nn.Module, slots: int, capacity: int):
+    def __init__(self, hf_model: torch.nn.Module, slots: int, pool_tokens: int):
         self.model = hf_model.eval()
         cfg = hf_model.config
         self.config = cfg
@@ -60,21 +101,22 @@ class ModelRunner:
         self.lm_head = hf_model.lm_head
         weight = next(hf_model.parameters())
         self.device = weight.device
-        self.cache = SlotCache(cfg.num_hidden_layers, slots, self.kv_heads, capacity, self.head_dim, weight.dtype,
+        self.cache = TokenPool(cfg.num_hidden_layers, slots, pool_tokens, self.kv_heads, self.head_dim, weight.dtype,
                                self.device)
 
     @torch.inference_mode()
     def prefill(self, ids: torch.Tensor, slot: int) -> torch.Tensor:
-        """Hidden states [n, hidden] of a new request's prompt; its keys and values fill `slot`."""
+        """Hidden states [n, hidden] of a new request's prompt; its keys and values fill `slot`'s first positions."""
         n = ids.numel()
+        written = self.cache.positions[slot][:n]
         positions = torch.arange(n, device=self.device)
         x = self.decoder.embed_tokens(ids)[None]
         cos, sin = self._rotary(x, positions)
         causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
         for i, layer in enumerate(self.decoder.layers):
             q, k, v = self._qkv(layer, layer.input_layernorm(x)[0], cos, sin)  # [n, heads, hd]
-            self.cache.keys[i][slot, :, :n] = k.transpose(0, 1)
-            self.cache.values[i][slot, :, :n] = v.transpose(0, 1)
+            self.cache.keys[i][written] = k
+            self.cache.values[i][written] = v
             out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
                                                  attn_mask=causal, enable_gqa=True)[0]
             x = x + layer.self_attn.o_proj(out.transpose(0, 1).reshape(n, -1))[None]
@@ -88,21 +130,19 @@ class ModelRunner:
         slot_idx = torch.tensor(slots, device=self.device)
         positions = self.cache.lengths[slot_idx]
         longest = int(positions.max()) + 1
+        index = self.cache.gather_index(slots, longest)  # [B, L] pool positions
+        written = index.gather(1, positions[:, None])[:, 0]  # where each slot's new token goes
         x = self.decoder.embed_tokens(tokens)[None]  # [1, B, hidden]
         cos, sin = self._rotary(x, positions)
         visible = torch.arange(longest, device=self.device)[None, :] <= positions[:, None]  # [B, L]: each slot's filled part
-        mask = visible[:, None, None, :]
+        mask = visible[:, None, None, :] if len(slots) > 1 else None
         for i, layer in enumerate(self.decoder.layers):
             q, k, v = self._qkv(layer, layer.input_layernorm(x)[0], cos, sin)  # [B, heads, hd]
             keys, values = self.cache.keys[i], self.cache.values[i]
-            keys[slot_idx, :, positions] = k
-            values[slot_idx, :, positions] = v
-            if len(slots) == 1:  # a view of the one slot instead of a gathered copy
-                s = slots[0]
-                ks, vs, m = keys[s:s + 1, :, :longest], values[s:s + 1, :, :longest], None
-            else:
-                ks, vs, m = keys[slot_idx, :, :longest], values[slot_idx, :, :longest], mask
-            out = F.scaled_dot_product_attention(q[:, :, None], ks, vs, attn_mask=m, enable_gqa=True)  # [B, heads, 1, hd]
+            keys[written] = k
+            values[written] = v
+            ks, vs = keys[index].transpose(1, 2), values[index].transpose(1, 2)  # [B, kv_heads, L, hd]
+            out = F.scaled_dot_product_attention(q[:, :, None], ks, vs, attn_mask=mask, enable_gqa=True)  # [B, heads, 1, hd]
             x = x + layer.self_attn.o_proj(out[:, :, 0].reshape(len(slots), -1))[None]
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         self.cache.lengths[slot_idx] += 1

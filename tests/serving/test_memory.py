@@ -1,5 +1,5 @@
-"""The embedded engine works out its memory before loading: a KV cache sized by serve.context_length, not the
-model's maximum, and a clear refusal (never the kernel's kill) when weights plus cache exceed the budget."""
+"""The embedded engine works out its memory before loading: a context of serve.context_length, not the model's
+maximum, and a clear refusal (never the kernel's kill) when the weights and one whole context exceed the budget."""
 from __future__ import annotations
 
 import httpx
@@ -33,12 +33,14 @@ def test_the_plan_counts_the_weights_and_the_cache_exactly(tiny_model):
 
 
 def test_an_engine_that_does_not_fit_refuses_to_start_and_says_why(tiny_model, tmp_path, loops):
-    cfg = make_config(tmp_path, "serve.memory_budget_gb=0.01")
+    plan = plan_engine(tiny_model, "float32", slots=1, context_length=0)
+    budget = (plan.weights_bytes + plan.context * plan.token_bytes) / 0.85 / (1 << 30) * 0.9  # 10% short
+    cfg = make_config(tmp_path, f"serve.memory_budget_gb={budget:.6f}")
     engine = loops(cfg, "serve")
     assert engine.proc.wait(timeout=120) == 2
     log = engine.log_path.read_text()
-    assert "the engine needs" in log and "serve.memory_budget_gb is 0.01 GiB" in log
-    assert "serve.max_running_requests" in log and "serve.context_length" in log
+    assert "the engine needs" in log and f"serve.memory_budget_gb is {budget:.2f} GiB" in log
+    assert "one request of" in log and "serve.context_length" in log
 
 
 def test_the_gateway_refuses_a_prompt_longer_than_the_engines_context(tiny_model, tmp_path, loops):
