@@ -244,8 +244,8 @@ def hint_noise_rows(runner: Runner, chosen: dict[str, Choice], noises: list[floa
                     setting: str = "realistic") -> list[str]:
     """Markdown rows: at judge accuracy 1.0 (scores right), binary RL and, with directive hints that contradict at
     each rate, OPD and combined; combined − the better of the other two, final and area, per rate."""
-    rows = ["| wrong hints (contradict) | binary RL: final, area | OPD directive: final, area | combined directive: "
-            "final, area | pairs | combined − best other, final [95% CI] | combined − best other, area [95% CI] |",
+    rows = ["| wrong hints (contradict) | binary RL: final, area (mean ± sample std) | OPD directive: final, area | "
+            "combined directive: final, area | pairs | combined − best other, final [95% CI] | combined − best other, area [95% CI] |",
             "|---|---|---|---|---|---|---|"]
     for noise in noises:
         extra = ("judge.hint_noise_kind=contradict", f"judge.hint_noise={noise:g}") if noise else ()
@@ -257,8 +257,8 @@ def hint_noise_rows(runner: Runner, chosen: dict[str, Choice], noises: list[floa
         if not both:
             continue
         outcomes = {r: [got[r][i] for i in both] for r in row}
-        means = {r: f"{statistics.fmean(o.final for o in runs):.3f}, {statistics.fmean(o.area for o in runs):.3f}"
-                 for r, runs in outcomes.items()}
+        means = {r: ", ".join(f"{statistics.fmean(v):.3f} ± {sample_std(v):.3f}"
+                              for v in ([o.final for o in runs], [o.area for o in runs])) for r, runs in outcomes.items()}
         rows.append(f"| {noise:g} | {means['binary_rl']} | {means['opd']} | {means['combined']} | {len(both)} | "
                     f"{compare(outcomes, 'final')} | {compare(outcomes, 'area')} |")
     return rows

@@ -28,10 +28,11 @@ from envs.personal.env import PersonalEnv  # noqa: E402
 
 
 async def measure(url: str, profile_seed: int, n: int, reader: str = "exact", max_tokens: int = 48,
-                  phrasing: str = "canonical", hint: str = "user") -> dict:
+                  phrasing: str = "canonical", hint: str = "user", timeout_s: float = 900.0) -> dict:
+    """The probe's results for one user; a request may wait `timeout_s` (a real model on 2 shared cores queues)."""
     env = PersonalEnv({"profile_seed": profile_seed, "probe_teacher": True, "reader": reader, "phrasing": phrasing,
                        "probe_hint": hint})
-    chat = GatewayChat(url, None, "clawr1-policy", max_tokens, 1.0)
+    chat = GatewayChat(url, None, "clawr1-policy", max_tokens, 1.0, timeout_s=timeout_s)
     try:
         return {"profile": env.profile, **await env.evaluate(chat, n, f"probe-{profile_seed}")}
     finally:
@@ -39,10 +40,10 @@ async def measure(url: str, profile_seed: int, n: int, reader: str = "exact", ma
 
 
 def table(result: dict) -> str:
-    lines = ["| kind | satisfied with the hint | uptake | AUC |", "|---|---|---|---|"]
+    lines = ["| kind | satisfied without the hint | with the hint | uptake | AUC |", "|---|---|---|---|---|"]
     for kind in result["profile"]:
-        a = result.get(f"auc_{kind}")
-        lines.append(f"| {kind} ({result['profile'][kind]}) | {result[f'hinted_{kind}']:.2f} | "
+        a, hinted = result.get(f"auc_{kind}"), result[f"hinted_{kind}"]
+        lines.append(f"| {kind} ({result['profile'][kind]}) | {hinted - result[f'uptake_{kind}']:.2f} | {hinted:.2f} | "
                      f"{result[f'uptake_{kind}']:+.2f} | {'-' if a is None else f'{a:.2f}'} |")
     return "\n".join(lines)
 

@@ -17,7 +17,7 @@ class GatewayChat:
         self.model = model
         self.params = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p}
         self.client = openai.AsyncOpenAI(base_url=f"{gateway_url}/v1", api_key=key, timeout=timeout_s, max_retries=2)
-        self.http = httpx.AsyncClient(base_url=gateway_url, timeout=30, headers={"Authorization": f"Bearer {key}"})
+        self.http = httpx.AsyncClient(base_url=gateway_url, timeout=timeout_s, headers={"Authorization": f"Bearer {key}"})
 
     async def chat(self, session_id: str, messages: list[dict], *, tools: Optional[list[dict]] = None,
                    side: bool = False, seed: Optional[int] = None, max_tokens: Optional[int] = None,

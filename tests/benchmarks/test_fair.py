@@ -166,7 +166,8 @@ def test_contradicting_hint_rows_and_the_probe_table(tmp_path):
         finish(runner, chosen["opd"].but("opd directive", *fair.DIRECTIVE), 1.0, "realistic", user, seed, [0.0, 0.1],
                {"uptake_tone": 0.5 + 0.25 * (user == 1002), "auc_tone": 0.75})
     rows = fair.hint_noise_rows(runner, chosen, [0.6, 0.3], pairs)
-    assert rows[2:] == ["| 0.6 | 0.500, 0.250 | 0.200, 0.100 | 0.600, 0.300 | 2 | combined - binary_rl: +0.100 "
+    assert rows[2:] == ["| 0.6 | 0.500 ± 0.000, 0.250 ± 0.000 | 0.200 ± 0.000, 0.100 ± 0.000 | 0.600 ± 0.000, "
+                        "0.300 ± 0.000 | 2 | combined - binary_rl: +0.100 "
                         "[+0.100, +0.100] | combined - binary_rl: +0.050 [+0.050, +0.050] |"]  # 0.3 never ran
     probe = fair.probe_rows(runner, {"user words": chosen["opd"],
                                      "directive": chosen["opd"].but("opd directive", *fair.DIRECTIVE)}, 1.0,
