@@ -742,6 +742,7 @@ class _Turn:
             self.holds_lock = True
             try:
                 self.session = gw.sessions.get(self.session_id)
+                self.session.busy += 1
                 self.asked = [canonical(m) for m in self.messages]
                 try:
                     self.rendered = gw.sessions.prompt_for(self.session, self.messages, self.tools, self.asked,
@@ -783,6 +784,8 @@ class _Turn:
         """Release the session; safe to call more than once (a stream may end before it starts)."""
         if self.holds_lock:
             self.holds_lock = False
+            if getattr(self, "session", None) is not None:
+                self.session.busy -= 1
             self.gw.session_locks.release(self.session_id)
 
 

@@ -57,7 +57,8 @@ class Session:
     turns: int = 0
     tools: Optional[list[dict]] = None
     candidates: list[Candidate] = field(default_factory=list)
-    last_seen: float = field(default_factory=time.monotonic)
+    last_seen: float = field(default_factory=time.monotonic)  # its last request's start or reply's end
+    busy: int = 0  # requests of this session being answered: it does not expire meanwhile
     counted: int = 0  # the tokens of this session in the store's total (0 once it left the table)
 
     @property
@@ -204,6 +205,12 @@ class SessionStore:
             text = prompt.text + self.renderer.decode(response_ids)
             session.candidates.append(Candidate(list(messages) + [reply], ids, text, record, asked + [canonical(reply)]))
         self._recount(session)
+        self.touch(session)  # its turns wait the TTL from their reply, however long the reply took
+
+    def touch(self, session: Session) -> None:
+        session.last_seen = time.monotonic()
+        if self.sessions.get(session.id) is session:
+            self.sessions.move_to_end(session.id)
 
     def release(self, session: Session, records: list[TurnRecord]) -> None:
         """Forget these pending turns (they went to the judge) and the history they held."""
@@ -217,16 +224,17 @@ class SessionStore:
             session.counted = session.size
 
     def expired(self) -> list[Session]:
-        """Remove and return sessions idle past the TTL, or beyond the session or token bounds."""
+        """Remove and return sessions idle past the TTL (never one with a request being answered), or beyond the
+        session or token bounds, least recently used first."""
         now = time.monotonic()
         out = []
-        while self.sessions:
-            sid, s = next(iter(self.sessions.items()))
+        for sid in list(self.sessions):
+            s = self.sessions[sid]
             over = len(self.sessions) > self.max_sessions or self.tokens > self.max_tokens
-            if now - s.last_seen > self.ttl_s or over:
+            if over or (now - s.last_seen > self.ttl_s and not s.busy):
                 out.append(self.close(sid))
-            else:
-                break
+            elif not s.busy:
+                break  # the rest were used more recently
         return out
 
     def save(self, path: Path) -> int:

@@ -78,3 +78,33 @@ def test_sessions_holding_what_msgpack_cannot_hold_are_still_saved_and_taken_bac
     assert again.sessions.load(tmp_path / "sessions.bin") == 1
     kept = again.sessions.sessions["s0"].candidates[0].messages[0]
     assert kept["note"] == "odd ?" and kept["n"] == str(2**70)
+
+
+def test_a_turn_longer_than_the_ttl_still_gets_what_its_user_says_next(tiny_model, tmp_path, monkeypatch):
+    """A real model on a slow machine answers in more than gateway.session_ttl_s: the session must not expire while
+    the reply is written, and the reply waits the TTL from its end for the user's next message."""
+    import clawr1.gateway.sessions as sessions
+
+    clock = [0.0]
+    monkeypatch.setattr(sessions.time, "monotonic", lambda: clock[0])
+    gw = Gateway(make_config(tmp_path, "gateway.session_ttl_s=3"), AutoTokenizer.from_pretrained(tiny_model),
+                 judge_addr=None)
+    first = [{"role": "user", "content": "What is 2 plus 3?"}]
+    session = gw.sessions.get("u")
+    session.busy += 1  # as the gateway holds a session while its request is answered
+    prompt, _ = gw.sessions.prompt_for(session, first, None, [canonical(m) for m in first])
+    clock[0] = 10.0  # the reply took 10 s
+    gw._evict()
+    assert gw.sessions.sessions.get("u") is session  # not expired while answering
+    record = TurnRecord(session_id="u", turn_index=0, prompt_ids=prompt.ids, response_ids=[11, 12],
+                        rollout_logprobs=[-1.0, -1.0], versions=[0, 0], messages=first)
+    reply = {"role": "assistant", "content": "5"}
+    gw.sessions.record(session, first, None, [(reply, [11, 12], record)], prompt, [canonical(m) for m in first])
+    session.busy -= 1
+    gw._evict()
+    clock[0] = 12.0  # the user answers 2 s after the reply
+    follow = first + [reply, {"role": "user", "content": "No. Just the number, please."}]
+    again = gw.sessions.get("u")
+    assert again is session
+    _, outcomes = gw.sessions.prompt_for(again, follow, None, [canonical(m) for m in follow])
+    assert [(r is record, ns.kind, ns.text) for r, ns in outcomes] == [(True, "user", "No. Just the number, please.")]
