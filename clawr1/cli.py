@@ -1,4 +1,4 @@
-"""The `clawr1` command: one subcommand per loop, plus `run`, `init-model`."""
+"""The `clawr1` command: one subcommand per loop, plus `run`, `init-model`, `config-docs`."""
 from __future__ import annotations
 
 import argparse
@@ -75,6 +75,8 @@ def _parser() -> argparse.ArgumentParser:
     mo.add_argument("action", choices=("get", "import"), help="get NAME (a known model) | import FILE.gguf")
     mo.add_argument("what", help="smollm2-135m-instruct, or a .gguf file")
     mo.add_argument("--config", help="config YAML whose model.cache_dir to use")
+    sub.add_parser("config-docs", help="print the config reference, every key with its type, default and "
+                   "description (clawr1 config-docs > docs/config.md)")
     return p
 
 
@@ -118,6 +120,11 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             print(md.read_text())
             print(f"wrote {png} and {md}")
+            return 0
+        if args.command == "config-docs":
+            from clawr1.config_reference import render_config_reference
+
+            sys.stdout.write(render_config_reference())
             return 0
         if args.command == "export":
             from clawr1.trainer.export import export_checkpoint

@@ -44,85 +44,108 @@ class Section(BaseModel):
 
 
 class RunConfig(Section):
-    dir: str = ""  # everything a run writes lands here; empty: runs/<recipe>-<time> (clawr1 run)
-    # env: `clawr1 rollout` drives rollout.env (white-box); live: no rollout loop, the run trains on whatever
-    # traffic reaches the gateway (any OpenAI client, or `clawr1 ingest`), idles without it, and runs until stopped
-    mode: Literal["env", "live"] = "env"
-    seed: int = 0
-    max_steps: NonNegativeInt = 8  # trainer steps; each one publishes a weight version; 0: no limit (live runs)
-    progress_every_s: PositiveFloat = 10.0  # live runs: a progress line this often, steps or not
-    startup_timeout_s: PositiveFloat = 300.0  # how long `clawr1 run` waits for a loop to become ready
-    stop_timeout_s: PositiveFloat = 20.0  # SIGTERM grace before SIGKILL
-    # when a loop dies: stop the whole run (research runs), or restart that loop with backoff while the rest keep
-    # serving (a live service); more than max_restarts failures of one loop within restart_window_s stop the run
-    on_loop_failure: Literal["stop", "restart"] = "stop"
-    restart_backoff_s: PositiveFloat = 1.0  # the first restart's delay; it doubles with each failure, up to 30 s
-    max_restarts: NonNegativeInt = 5
-    restart_window_s: PositiveFloat = 600.0
+    dir: str = Field("", description="Where everything a run writes lands; empty: `runs/<recipe>-<time>` "
+                     "(`clawr1 run`).")
+    mode: Literal["env", "live"] = Field(
+        "env", description="env: `clawr1 rollout` drives rollout.env (white-box); live: no rollout loop, the run "
+        "trains on whatever traffic reaches the gateway (any OpenAI client, or `clawr1 ingest`), idles without it, "
+        "and runs until stopped.")
+    seed: int = Field(0, description="Seeds the environment, the rollout workers, the judge's noise and the "
+                      "trainer's initialization.")
+    max_steps: NonNegativeInt = Field(8, description="Trainer steps; each one publishes a weight version. 0: no limit "
+                                      "(live runs only).")
+    progress_every_s: PositiveFloat = Field(10.0, description="Live runs: a progress line this often, steps or not.")
+    startup_timeout_s: PositiveFloat = Field(300.0, description="How long `clawr1 run` waits for a loop to become "
+                                             "ready.")
+    stop_timeout_s: PositiveFloat = Field(20.0, description="SIGTERM grace before SIGKILL.")
+    on_loop_failure: Literal["stop", "restart"] = Field(
+        "stop", description="When a loop dies: stop the whole run (research runs), or restart that loop with backoff "
+        "while the rest keep serving (a live service); more than run.max_restarts failures of one loop within "
+        "run.restart_window_s stop the run.")
+    restart_backoff_s: PositiveFloat = Field(1.0, description="The first restart's delay; it doubles with each "
+                                             "failure, up to 30 s.")
+    max_restarts: NonNegativeInt = Field(5, description="on_loop_failure=restart: failures of one loop allowed "
+                                         "within run.restart_window_s; one more stops the run.")
+    restart_window_s: PositiveFloat = Field(600.0, description="The window over which run.max_restarts counts one "
+                                            "loop's failures.")
 
 
 class TinyModelConfig(Section):
     """The tiny Qwen2-architecture model `clawr1 init-model` builds and warm-starts."""
 
-    vocab_size: PositiveInt = 1024
-    hidden_size: PositiveInt = 128
-    num_layers: PositiveInt = 4
-    num_heads: PositiveInt = 4
-    num_kv_heads: PositiveInt = 2
-    intermediate_size: PositiveInt = 384
-    max_position_embeddings: PositiveInt = 1024
-    rope_theta: PositiveFloat = 10000.0
+    vocab_size: PositiveInt = Field(1024, description="Tokens in the byte-level BPE vocabulary trained for it.")
+    hidden_size: PositiveInt = Field(128, description="Width of the model's hidden states.")
+    num_layers: PositiveInt = Field(4, description="Transformer layers.")
+    num_heads: PositiveInt = Field(4, description="Attention (query) heads.")
+    num_kv_heads: PositiveInt = Field(2, description="Key/value heads (grouped-query attention).")
+    intermediate_size: PositiveInt = Field(384, description="Width of the MLP's hidden layer.")
+    max_position_embeddings: PositiveInt = Field(1024, description="The longest sequence the model takes, in tokens.")
+    rope_theta: PositiveFloat = Field(10000.0, description="The rotary position embedding's base.")
     # 900 steps gave a model that follows a directive only at the start of its answer; 1,800 one that picks the
-    # answer's unit at random; 2,700 copies it (README, "The teacher: what a hint changes")
-    sft_steps: PositiveInt = 2700
-    sft_batch_size: PositiveInt = 32
-    sft_lr: PositiveFloat = 6e-3
-    sft_examples: PositiveInt = 10000
-    seed: int = 1234
-    build_threads: PositiveInt = 2  # the build's thread count, whatever the machine has: it changes the weights
-    # where the warm-start conversations come from: an import path to a function (n, seed) -> [(messages, tools)]
-    warm_start: str = "envs.warmstart:conversations"
+    # answer's unit at random; 2,700 copies it (docs/personalization.md, "The teacher: what a hint changes")
+    sft_steps: PositiveInt = Field(2700, description="Optimizer steps of the warm start (supervised training on "
+                                   "assistant tokens).")
+    sft_batch_size: PositiveInt = Field(32, description="Conversations per warm-start step.")
+    sft_lr: PositiveFloat = Field(6e-3, description="The warm start's peak learning rate (AdamW, warmup then cosine "
+                                  "decay).")
+    sft_examples: PositiveInt = Field(10000, description="Warm-start conversations generated (by "
+                                      "model.tiny.warm_start).")
+    seed: int = Field(1234, description="Seeds the warm-start conversations, the initial weights and the batch "
+                      "order.")
+    build_threads: PositiveInt = Field(2, description="The build's thread count, whatever the machine has: it "
+                                       "changes the weights.")
+    warm_start: str = Field("envs.warmstart:conversations", description="Where the warm-start conversations come "
+                            "from: an import path to a function (n, seed) -> [(messages, tools)].")
 
 
 class ModelConfig(Section):
-    # an HF model directory (config.json, safetensors, tokenizer with its chat template); empty means the tiny
-    # model (built on first use). README, "Bring your own model"
-    path: str = ""
-    # a known real model (`clawr1 model get NAME`: smollm2-135m-instruct), fetched and converted into the cache on
-    # first use; used when path is empty
-    name: str = ""
-    cache_dir: str = "~/.cache/clawr1"  # where the tiny model, tokenizers and converted models are cached
-    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
-    # a Jinja file to render with instead of the template the tokenizer ships; empty: the model's own
-    chat_template: str = ""
-    # passed to the chat template on every request (a request's own chat_template_kwargs add to them)
-    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
-    # how tool calls are written: hermes (<tool_call> JSON blocks: Qwen2.5, Qwen3), llama3_json (Llama 3.x);
-    # auto: llama3_json for Llama models, hermes otherwise
-    tool_call_format: Literal["auto", "hermes", "llama3_json"] = "auto"
-    # think: <think>...</think> is reasoning (reasoning_content); auto: think when the vocabulary has <think>
-    reasoning_format: Literal["auto", "think", "none"] = "auto"
-    # when the template renders a session's recorded history otherwise than it was sampled (Qwen3 drops earlier
-    # turns' reasoning): keep_sampled extends the sampled ids (the model trains on what it saw); rerender takes
-    # the fresh render. Either way the gateway's template_breaks counts the turn.
-    on_template_break: Literal["keep_sampled", "rerender"] = "keep_sampled"
+    path: str = Field("", description="An HF model directory (config.json, safetensors, tokenizer with its chat "
+                      "template); empty means model.name, else the tiny model (built on first use). "
+                      "docs/own_model.md, \"Bring your own model\".")
+    name: str = Field("", description="A known real model (`clawr1 model get NAME`: smollm2-135m-instruct, "
+                      "qwen2.5-coder-0.5b-instruct), fetched and converted into the cache on first use; used when "
+                      "path is empty.")
+    cache_dir: str = Field("~/.cache/clawr1", description="Where the tiny model, tokenizers and converted models are "
+                           "cached.")
+    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig,
+                                  description="The tiny model's build spec, used when path and name are empty; each "
+                                  "spec is built once and cached under its hash.")
+    chat_template: str = Field("", description="A Jinja file to render with instead of the template the tokenizer "
+                               "ships; empty: the model's own.")
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Passed to the chat template on every request (a request's own "
+        "chat_template_kwargs add to them).")
+    tool_call_format: Literal["auto", "hermes", "llama3_json"] = Field(
+        "auto", description="How tool calls are written: hermes (`<tool_call>` JSON blocks: Qwen2.5, Qwen3), "
+        "llama3_json (Llama 3.x); auto: llama3_json for Llama models, hermes otherwise.")
+    reasoning_format: Literal["auto", "think", "none"] = Field(
+        "auto", description="think: `<think>...</think>` is reasoning (reasoning_content); none: no reasoning is split "
+        "off; auto: think when the vocabulary has `<think>`.")
+    on_template_break: Literal["keep_sampled", "rerender"] = Field(
+        "keep_sampled", description="When the template renders a session's recorded history otherwise than it was "
+        "sampled (Qwen3 drops earlier turns' reasoning): keep_sampled extends the sampled ids (the model trains on "
+        "what it saw); rerender takes the fresh render. Either way the gateway's template_breaks counts the turn.")
 
 
 class SGLangConfig(Section):
     """Flags for `python -m sglang.launch_server` (serve.backend=sglang, GPU machines)."""
 
-    # the Python of the environment SGLang is installed in (its own: SGLang pins its torch and transformers,
-    # which need not match the trainer's; clawr1 only talks to it over HTTP); empty: this interpreter
-    python: str = ""
+    python: str = Field("", description="The Python of the environment SGLang is installed in (its own: SGLang pins "
+                        "its torch and transformers, which need not match the trainer's; clawr1 only talks to it over "
+                        "HTTP); empty: this interpreter.")
 
-    tp_size: PositiveInt = 1
-    mem_fraction_static: typing.Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0  # 0: SGLang's own default
-    context_length: NonNegativeInt = 0  # 0: the model's
-    tool_call_parser: str = "qwen25"
-    reasoning_parser: str = ""  # e.g. qwen3 for thinking models; empty: none
-    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = "auto"
-    extra_args: list[str] = Field(default_factory=list)  # any further launch_server flags, verbatim
-    startup_timeout_s: PositiveFloat = 900.0
+    tp_size: PositiveInt = Field(1, description="GPUs per engine, tensor-parallel (--tp-size).")
+    mem_fraction_static: typing.Annotated[float, Field(ge=0.0, lt=1.0)] = Field(
+        0.0, description="--mem-fraction-static; 0: SGLang's own default.")
+    context_length: NonNegativeInt = Field(0, description="--context-length; 0: the model's.")
+    tool_call_parser: str = Field("qwen25", description="--tool-call-parser; empty: none.")
+    reasoning_parser: str = Field("", description="--reasoning-parser, e.g. qwen3 for thinking models; empty: none.")
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = Field(
+        "auto", description="--dtype of the weights and activations.")
+    extra_args: list[str] = Field(default_factory=list, description="Any further launch_server flags, verbatim (not "
+                                  "the flags the keys above set).")
+    startup_timeout_s: PositiveFloat = Field(900.0, description="How long to wait for an SGLang server to become "
+                                             "healthy.")
 
     # Value flags that clawr1 sets from the keys above: extra_args may not repeat them, since argparse
     # would silently keep the last one and the config would no longer say what runs.
@@ -142,150 +165,201 @@ class SGLangConfig(Section):
 
 
 class ServeConfig(Section):
-    backend: Literal["embedded", "sglang"] = "embedded"
-    host: str = "127.0.0.1"
-    port: Port = 0  # 0: `clawr1 run` picks a free port
-    num_threads: PositiveInt = 1  # torch threads for the embedded engine
-    max_running_requests: PositiveInt = 32
-    # tokens per request (prompt + reply) the embedded engine's KV cache holds; 0: the smaller of the model's
-    # maximum and 4,096 (clawr1/serving/memory.py). The gateway refuses longer prompts with a 400.
-    context_length: NonNegativeInt = 0
-    # the embedded engine's memory: weights + its KV pool within mem_fraction_static of this (the rest for
-    # activations); it refuses to start when the weights and one whole context do not fit. 0: the memory available
-    memory_budget_gb: NonNegativeFloat = 0.0
-    mem_fraction_static: typing.Annotated[float, Field(gt=0.0, le=1.0)] = 0.85
-    # the KV pool in tokens (SGLang's --max-total-tokens): requests are admitted while their prompt + max_tokens
-    # fit and wait otherwise; 0: what the budget leaves, at most max_running_requests whole contexts
-    max_total_tokens: NonNegativeInt = 0
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    # the embedded engine's device. cuda: weights and KV cache in GPU memory (use dtype bfloat16), the budget above
-    # is GPU memory; with the trainer on the same GPU each engine takes its budget and leaves the rest to it
-    device: Literal["cpu", "cuda"] = "cpu"
-    weight_version: NonNegativeInt = 0  # the version the loaded weights carry (a restarted engine: the newest published)
-    # LoRA serving (SGLang: --enable-lora --max-loras-per-batch --max-lora-rank): adapters held at once; 0: off.
-    # lora.sync=adapter needs 3 per slot (the newest version, the one before finishing its requests, and the one
-    # being loaded); unset, it is 3 per slot + 1
-    max_loras: NonNegativeInt = 0
-    max_lora_rank: PositiveInt = 64
-    num_engines: PositiveInt = 1  # `clawr1 run` starts this many engines (ports serve.port, extra_ports...)
-    extra_ports: list[Port] = Field(default_factory=list)  # ports of engines 2..n (filled by `clawr1 run`)
-    sglang: SGLangConfig = Field(default_factory=SGLangConfig)
+    backend: Literal["embedded", "sglang"] = Field(
+        "embedded", description="The inference engine: embedded, clawr1's own (clawr1/serving, CPU or one GPU); "
+        "sglang, SGLang servers launched from serve.sglang.")
+    host: str = Field("127.0.0.1", description="The address the engines listen on.")
+    port: Port = Field(0, description="The first engine's port; 0: `clawr1 run` picks a free port.")
+    num_threads: PositiveInt = Field(1, description="Torch threads for the embedded engine.")
+    max_running_requests: PositiveInt = Field(32, description="Requests the embedded engine decodes at once; more "
+                                              "wait.")
+    context_length: NonNegativeInt = Field(
+        0, description="Tokens per request (prompt + reply) the embedded engine's KV cache holds; 0: the smaller of "
+        "the model's maximum and 4,096 (clawr1/serving/memory.py). The gateway refuses longer prompts with a 400.")
+    memory_budget_gb: NonNegativeFloat = Field(
+        0.0, description="The embedded engine's memory: weights + its KV pool within mem_fraction_static of this (the "
+        "rest for activations); it refuses to start when the weights and one whole context do not fit. 0: the memory "
+        "available (on cuda: what the GPU has free).")
+    mem_fraction_static: typing.Annotated[float, Field(gt=0.0, le=1.0)] = Field(
+        0.85, description="The share of serve.memory_budget_gb the embedded engine's weights and KV pool may take.")
+    max_total_tokens: NonNegativeInt = Field(
+        0, description="The KV pool in tokens (SGLang's --max-total-tokens): requests are admitted while their prompt "
+        "+ max_tokens fit and wait otherwise; 0: what the budget leaves, at most max_running_requests whole "
+        "contexts.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="The embedded engine's weights "
+                                                             "and KV cache dtype.")
+    device: Literal["cpu", "cuda"] = Field(
+        "cpu", description="The embedded engine's device. cuda: weights and KV cache in GPU memory (use dtype "
+        "bfloat16), the budget above is GPU memory; with the trainer on the same GPU each engine takes its budget "
+        "and leaves the rest to it.")
+    weight_version: NonNegativeInt = Field(0, description="The version the loaded weights carry (a restarted engine: "
+                                           "the newest published).")
+    max_loras: NonNegativeInt = Field(
+        0, description="LoRA serving (SGLang: --enable-lora --max-loras-per-batch --max-lora-rank): adapters held at "
+        "once; 0: off. lora.sync=adapter needs 3 per slot (the newest version, the one before finishing its "
+        "requests, and the one being loaded); unset, it is 3 per slot + 1.")
+    max_lora_rank: PositiveInt = Field(64, description="The largest adapter rank the engines accept "
+                                       "(--max-lora-rank); at least lora.rank.")
+    num_engines: PositiveInt = Field(1, description="`clawr1 run` starts this many engines (ports serve.port, "
+                                     "extra_ports...).")
+    extra_ports: list[Port] = Field(default_factory=list, description="Ports of engines 2..n (filled by `clawr1 "
+                                    "run`).")
+    sglang: SGLangConfig = Field(default_factory=SGLangConfig, description="SGLang's launch flags "
+                                 "(serve.backend=sglang).")
 
 
 class GatewayConfig(Section):
-    host: str = "127.0.0.1"
-    port: Port = 0
-    engine_urls: list[str] = Field(default_factory=list)  # empty: the run's own engine
-    session_ttl_s: PositiveFloat = 900.0
-    max_sessions: PositiveInt = 4096
-    max_session_tokens: PositiveInt = 20_000_000  # token ids held by all sessions together (memory pressure bound)
-    max_request_bytes: PositiveInt = 1_000_000
-    max_prompt_tokens: PositiveInt = 4096
-    default_max_tokens: PositiveInt = 256
-    max_completion_tokens: PositiveInt = 4096  # larger max_tokens requests get a 400
-    judge_queue_size: PositiveInt = 4096  # bounded queue of TurnRecords waiting for the judge
-    # every main turn is logged to RUN_DIR/gateway/outbox.log when served and kept until the judge acknowledges
-    # it (its Sample durable in the pool, or dropped with a reason); unacknowledged turns are sent again after
-    # outbox_resend_s, at once to a restarted judge, and by a restarted gateway (clawr1/gateway/outbox.py)
-    outbox: bool = True
-    outbox_resend_s: PositiveFloat = 60.0
-    outbox_rewrite_after: PositiveInt = 4096  # acknowledged turns before the log is rewritten with the open ones only
-    acks_port: Port = 0  # judge -> gateway acknowledgements (PUSH/PULL)
-    api_key_env: str = "CLAWR1_API_KEY"  # name of the environment variable holding the key
-    api_key_file: str = ""  # or a file holding it
-    model_name: str = "clawr1-policy"
+    host: str = Field("127.0.0.1", description="The address the gateway listens on; one reachable from other machines "
+                      "needs an API key (api_key_env or api_key_file).")
+    port: Port = Field(0, description="The gateway's port; 0: `clawr1 run` picks a free port.")
+    engine_urls: list[str] = Field(default_factory=list, description="The engines the gateway routes to and the "
+                                   "trainer updates; empty: the run's own engines.")
+    session_ttl_s: PositiveFloat = Field(
+        900.0, description="A session idle this long (counted from the end of its last reply) is closed; its pending "
+        "turns go to the judge with no next state.")
+    max_sessions: PositiveInt = Field(4096, description="Sessions held at once; beyond it the least recently used "
+                                      "are closed.")
+    max_session_tokens: PositiveInt = Field(20_000_000, description="Token ids held by all sessions together (memory "
+                                            "pressure bound); beyond it the least recently used are closed.")
+    max_request_bytes: PositiveInt = Field(1_000_000, description="Larger request bodies get a 413.")
+    max_prompt_tokens: PositiveInt = Field(4096, description="Longer rendered conversations get a 400.")
+    default_max_tokens: PositiveInt = Field(256, description="The reply's token limit when a request sets neither "
+                                            "max_tokens nor max_completion_tokens.")
+    max_completion_tokens: PositiveInt = Field(4096, description="Requests with a larger max_tokens get a 400.")
+    judge_queue_size: PositiveInt = Field(4096, description="Bounded queue of TurnRecords waiting for the judge.")
+    outbox: bool = Field(
+        True, description="Every main turn is logged to RUN_DIR/gateway/outbox.log when served and kept until the "
+        "judge acknowledges it (its Sample durable in the pool, or dropped with a reason); unacknowledged turns are "
+        "sent again after outbox_resend_s, at once to a restarted judge, and by a restarted gateway "
+        "(clawr1/gateway/outbox.py).")
+    outbox_resend_s: PositiveFloat = Field(60.0, description="An outbox turn not acknowledged this long after it was "
+                                           "sent is sent again.")
+    outbox_rewrite_after: PositiveInt = Field(4096, description="Acknowledged turns before the outbox log is "
+                                              "rewritten with the open ones only.")
+    acks_port: Port = Field(0, description="Judge -> gateway acknowledgements (PUSH/PULL); 0: `clawr1 run` picks a "
+                            "free port.")
+    api_key_env: str = Field("CLAWR1_API_KEY", description="Name of the environment variable holding the API key "
+                             "clients must send.")
+    api_key_file: str = Field("", description="Or a file holding it (read first when set).")
+    model_name: str = Field("clawr1-policy", description="The model id the gateway lists and answers with, and the "
+                            "one rollout requests name.")
 
 
 class RolloutConfig(Section):
-    env: str = "envs.personal.env:PersonalEnv"  # import path of the environment class
-    env_args: dict[str, Any] = Field(default_factory=dict)  # passed to the environment
-    concurrency: PositiveInt = 8  # simulated users / episodes in flight
-    max_tokens: PositiveInt = 48
-    temperature: NonNegativeFloat = 1.0
-    top_p: typing.Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
-    # start new episodes only while the pool holds fewer pending samples than this (0: no bound, as for
-    # live traffic); keeps synthetic rollout from running far ahead of the trainer
-    max_pool_backlog: NonNegativeInt = 0
-    eval_every: NonNegativeInt = 0  # evaluate held-out tasks every k weight versions (0: never)
-    eval_size: PositiveInt = 32
-    request_timeout_s: PositiveFloat = 120.0
+    env: str = Field("envs.personal.env:PersonalEnv", description="Import path of the environment class.")
+    env_args: dict[str, Any] = Field(default_factory=dict, description="Passed to the environment.")
+    concurrency: PositiveInt = Field(8, description="Simulated users / episodes in flight.")
+    max_tokens: PositiveInt = Field(48, description="The reply's token limit on every rollout request.")
+    temperature: NonNegativeFloat = Field(1.0, description="Sampling temperature of rollout requests.")
+    top_p: typing.Annotated[float, Field(gt=0.0, le=1.0)] = Field(1.0, description="Nucleus sampling's top_p of "
+                                                                  "rollout requests.")
+    max_pool_backlog: NonNegativeInt = Field(
+        0, description="Start new episodes only while the pool holds fewer pending samples than this (0: no bound, "
+        "as for live traffic); keeps synthetic rollout from running far ahead of the trainer.")
+    eval_every: NonNegativeInt = Field(0, description="Evaluate held-out tasks every k weight versions (0: never).")
+    eval_size: PositiveInt = Field(32, description="Held-out tasks per evaluation.")
+    request_timeout_s: PositiveFloat = Field(120.0, description="Timeout of each request to the gateway.")
 
 
 class DirectiveOption(Section):
     """One option a user can ask for, as the rules judge writes it when `judge.rules_hint: directive`."""
 
-    kind: str  # what the option is an option of (e.g. "units"); `hint_noise_kind: contradict` swaps within a kind
-    option: str  # e.g. "word"
-    directive: str  # the hint's words for it, e.g. "spell out the units like kilometers"
-    # a correction sentence asks for this option when these match; of a kind's options the one with the most
-    # matches wins, the first listed on a tie
-    patterns: list[str] = Field(min_length=1)
+    kind: str = Field(description="What the option is an option of (e.g. \"units\"); `hint_noise_kind: contradict` "
+                      "swaps within a kind.")
+    option: str = Field(description="The option's name, e.g. \"word\".")
+    directive: str = Field(description="The hint's words for it, e.g. \"spell out the units like kilometers\".")
+    patterns: list[str] = Field(
+        min_length=1, description="A correction sentence asks for this option when these match; of a kind's options "
+        "the one with the most matches wins, the first listed on a tie.")
 
 
 class JudgeConfig(Section):
-    backend: Literal["rules", "llm", "env"] = "rules"
-    host: str = "127.0.0.1"
-    port: Port = 0  # gateway -> judge TurnRecords (PUSH/PULL)
-    # policy: self-distillation (the serving policy); frozen: the base weights; lagged: the policy's weights of at most
-    # teacher_lag versions ago (an anchor that does not move with every step); none: no teacher
-    teacher: Literal["policy", "frozen", "lagged", "none"] = "policy"
-    teacher_lag: PositiveInt = 10  # lagged: the trainer refreshes the teacher every this many versions
-    teacher_url: str = ""  # frozen/lagged teacher engine; empty: `clawr1 run` starts one on the base weights
-    teacher_port: Port = 0  # port of that engine (filled by `clawr1 run`)
-    teacher_topk: NonNegativeInt = 0  # also record the teacher's top-k log-probs per token (for algo.w_topk); 0: off
-    concurrency: PositiveInt = 8
-    # a next user message matching any of these says the turn was wrong (score -1)
+    backend: Literal["rules", "llm", "env"] = Field(
+        "rules", description="rules: patterns on the next user message (clawr1/judge/rules.py); llm: m PRM votes and m "
+        "hint votes (clawr1/judge/llm.py); env: the environment's outcome, plus an optional PRM term "
+        "(clawr1/judge/env.py).")
+    host: str = Field("127.0.0.1", description="The address the judge listens on for TurnRecords.")
+    port: Port = Field(0, description="Gateway -> judge TurnRecords (PUSH/PULL); 0: `clawr1 run` picks a free port.")
+    teacher: Literal["policy", "frozen", "lagged", "none"] = Field(
+        "policy", description="policy: self-distillation (the serving policy); frozen: the base weights; lagged: the "
+        "policy's weights of at most teacher_lag versions ago (an anchor that does not move with every step); none: "
+        "no teacher.")
+    teacher_lag: PositiveInt = Field(10, description="lagged: the trainer refreshes the teacher every this many "
+                                     "versions.")
+    teacher_url: str = Field("", description="Frozen/lagged teacher engine; empty: `clawr1 run` starts one on the base "
+                             "weights.")
+    teacher_port: Port = Field(0, description="Port of that engine (filled by `clawr1 run`).")
+    teacher_topk: NonNegativeInt = Field(0, description="Also record the teacher's top-k log-probs per token (for "
+                                         "algo.w_topk); 0: off.")
+    concurrency: PositiveInt = Field(8, description="Turns judged at once.")
     correction_patterns: list[str] = Field(
         default_factory=lambda: [r"^\s*no\b", r"\bi asked\b", r"\bwrong\b", r"\bnot what\b", r"\bagain\b",
                                  r"^\s*(?:nope|nah|ugh|meh)\b", r"\bnot (?:how|quite|right|like that)\b",
-                                 r"\bi (?:said|told you)\b", r"\bthat'?s not\b"]
+                                 r"\bi (?:said|told you)\b", r"\bthat'?s not\b"],
+        description="Regular expressions: a next user message matching any of these says the turn was wrong "
+        "(score -1).",
     )
-    # sentences matching these say what to do instead; they become the hint (and also score -1)
     directive_patterns: list[str] = Field(
         default_factory=lambda: [r"\bplease\b", r"\binstead\b", r"\bi want\b", r"\bi prefer\b", r"\bdon't\b",
                                  r"\bdo not\b", r"\bshould\b", r"\bmust\b", r"\bneed to\b",
                                  # requests as people word them
                                  r"\b(?:could|can|would|will) you\b", r"\bi'?d (?:like|prefer|rather)\b",
                                  r"\bi would (?:like|prefer|rather)\b", r"\bmake sure\b", r"\bno need\b",
-                                 r"\brather than\b"]
+                                 r"\brather than\b"],
+        description="Regular expressions: sentences matching these say what to do instead; they become the hint (and "
+        "also score -1).",
     )
-    max_hint_chars: PositiveInt = 400
-    # the rules judge's hint: user_words, the sentences of the correction as the user wrote them; directive, the
-    # configured option directives the correction asks for ("Please <directive> and <directive>."), none when it
-    # names no configured option (counted: corrections_unmapped). Scores are the same either way
-    rules_hint: Literal["user_words", "directive"] = "user_words"
-    directives: list[DirectiveOption] = Field(default_factory=list)  # filled by the environment's recipes
-    # an imperfect judge on purpose: each score is flipped with probability score_noise (a PRM that is right
-    # 1 - score_noise of the time), or replaced by 0 with probability score_abstain; hints are kept as they are
-    score_noise: Probability = 0.0
-    score_abstain: Probability = 0.0
-    # ... and its hints: each is lost with probability hint_drop, or replaced by another recent, different hint
-    # (plausible and wrong) with probability hint_noise (clawr1/judge/noise.py)
-    hint_noise: Probability = 0.0
-    hint_drop: Probability = 0.0
-    # what a wrong hint is: swap, another recent hint (in a one-user run, another of the user's true wishes);
-    # contradict, each wish the hint names replaced by another option of its kind (needs judge.directives)
-    hint_noise_kind: Literal["swap", "contradict"] = "swap"
-    # drop a turn scored 0 that has no hint, as OpenClaw-RL does (ledger reason zero_score); a 0-scored turn with a
-    # hint keeps its OPD signal
-    drop_zero: bool = False
+    max_hint_chars: PositiveInt = Field(400, description="Hints are cut to this many characters.")
+    rules_hint: Literal["user_words", "directive"] = Field(
+        "user_words", description="The rules judge's hint: user_words, the sentences of the correction as the user "
+        "wrote them; directive, the configured option directives the correction asks for (`Please <directive> and "
+        "<directive>.`), none when it names no configured option (counted: corrections_unmapped). Scores are the "
+        "same either way.")
+    directives: list[DirectiveOption] = Field(default_factory=list, description="The options users can ask for "
+                                              "(rules_hint=directive, hint_noise_kind=contradict); filled by the "
+                                              "environment's recipes.")
+    score_noise: Probability = Field(
+        0.0, description="An imperfect judge on purpose: each score is flipped with this probability (a PRM that is "
+        "right 1 - score_noise of the time); hints are kept as they are.")
+    score_abstain: Probability = Field(0.0, description="Each score is replaced by 0 with this probability; hints are "
+                                       "kept as they are.")
+    hint_noise: Probability = Field(
+        0.0, description="Each hint is replaced by a wrong one (see hint_noise_kind) with this probability "
+        "(clawr1/judge/noise.py).")
+    hint_drop: Probability = Field(0.0, description="Each hint is lost with this probability (clawr1/judge/noise.py).")
+    hint_noise_kind: Literal["swap", "contradict"] = Field(
+        "swap", description="What a wrong hint is: swap, another recent, different hint (plausible and wrong; in a "
+        "one-user run, another of the user's true wishes); contradict, each wish the hint names replaced by another "
+        "option of its kind (needs judge.directives).")
+    drop_zero: bool = Field(
+        False, description="Drop a turn scored 0 that has no hint, as OpenClaw-RL does (ledger reason zero_score); a "
+        "0-scored turn with a hint keeps its OPD signal.")
     # llm backend (and the PRM step score of the env backend): any OpenAI-compatible endpoint, or SGLang /generate
-    llm_url: str = ""  # e.g. http://prm-host:30000/v1 (openai) or http://prm-host:30000 (generate)
-    llm_api: Literal["openai", "generate"] = "openai"  # generate: a text prompt rendered in ChatML
-    llm_model: str = "default"
-    llm_api_key_env: str = "CLAWR1_JUDGE_API_KEY"  # environment variable holding the endpoint's key, if any
-    votes: PositiveInt = 3  # m evaluation votes and m hint votes per turn, run concurrently
-    last_k_turns: PositiveInt = 4  # the judge sees this many messages before the turn
-    vote_temperature: NonNegativeFloat = 0.6
-    vote_max_tokens: PositiveInt = 512
-    min_hint_chars: NonNegativeInt = 10
+    llm_url: str = Field(
+        "", description="The llm judge's (and the env judge's PRM) endpoint: any OpenAI-compatible one, e.g. "
+        "http://prm-host:30000/v1 (openai), or SGLang's, e.g. http://prm-host:30000 (generate); empty: `clawr1 run` "
+        "starts a PRM engine.")
+    llm_api: Literal["openai", "generate"] = Field("openai", description="generate: a text prompt rendered in ChatML "
+                                                   "to SGLang's /generate; openai: chat completions.")
+    llm_model: str = Field("default", description="The model name sent to an OpenAI-compatible endpoint.")
+    llm_api_key_env: str = Field("CLAWR1_JUDGE_API_KEY", description="Environment variable holding the endpoint's "
+                                 "key, if any.")
+    votes: PositiveInt = Field(3, description="m evaluation votes and m hint votes per turn, run concurrently.")
+    last_k_turns: PositiveInt = Field(4, description="The judge sees this many messages before the turn.")
+    vote_temperature: NonNegativeFloat = Field(0.6, description="Sampling temperature of each vote.")
+    vote_max_tokens: PositiveInt = Field(512, description="Token limit of each vote's reply.")
+    min_hint_chars: NonNegativeInt = Field(10, description="A hint vote whose hint is shorter than this abstains.")
     # env backend
-    env_reward: Literal["last_turn", "all_turns"] = "last_turn"  # all_turns: every turn of the session gets the outcome
-    prm_coef: NonNegativeFloat = 0.0  # > 0: add prm_coef * (PRM majority vote) to each turn's reward (needs a PRM)
-    max_held_sessions: PositiveInt = 10_000  # all_turns: sessions whose turns wait for their outcome
-    # with llm_url empty, `clawr1 run` starts a PRM engine itself (on cluster.prm_gpus when given)
-    prm_model_path: str = ""  # the PRM engine's model; empty: model.path (the policy's base model)
-    prm_port: Port = 0  # port of that engine (filled by `clawr1 run`)
+    env_reward: Literal["last_turn", "all_turns"] = Field(
+        "last_turn", description="env backend: last_turn, the outcome scores the session's last turn; all_turns: "
+        "every turn of the session gets the outcome.")
+    prm_coef: NonNegativeFloat = Field(0.0, description="env backend, > 0: add prm_coef * (PRM majority vote) to each "
+                                       "turn's reward (needs a PRM).")
+    max_held_sessions: PositiveInt = Field(10_000, description="all_turns: sessions whose turns wait for their "
+                                           "outcome.")
+    prm_model_path: str = Field("", description="The model of the PRM engine `clawr1 run` starts when llm_url is "
+                                "empty (on cluster.prm_gpus when given); empty: model.path (the policy's base model).")
+    prm_port: Port = Field(0, description="Port of that engine (filled by `clawr1 run`).")
 
     @property
     def needs_llm(self) -> bool:
@@ -303,102 +377,144 @@ class JudgeConfig(Section):
 
 
 class PoolConfig(Section):
-    host: str = "127.0.0.1"
-    samples_port: Port = 0  # judge -> pool (acked once durable)
-    batches_port: Port = 0  # trainer <-> pool
-    batch_size: PositiveInt = 16
-    max_staleness: NonNegativeInt = 4  # drop samples whose oldest token is older than this many versions
-    fsync: bool = True
-    max_pending: PositiveInt = 100_000  # refuse (nack, retry later) new samples beyond this backlog
-    group_size: PositiveInt = 1  # a group (same group_id) is batched once it has this many samples...
-    group_timeout_s: PositiveFloat = 60.0  # ...or once its first sample is this old
-    # samples are stored in segments of this many; a segment whose samples are all committed or dropped is
-    # deleted (or moved to `archive`, a directory, when set), so disk and restart time stay flat
-    segment_samples: PositiveInt = 10_000
-    archive: str = ""
-    seen_window_segments: NonNegativeInt = 8  # deleted segments whose ids still count as duplicates on a resend
+    host: str = Field("127.0.0.1", description="The address the pool listens on.")
+    samples_port: Port = Field(0, description="Judge -> pool (acked once durable); 0: `clawr1 run` picks a free "
+                               "port.")
+    batches_port: Port = Field(0, description="Trainer <-> pool; 0: `clawr1 run` picks a free port.")
+    batch_size: PositiveInt = Field(16, description="Samples per training batch (one trainer step).")
+    max_staleness: NonNegativeInt = Field(4, description="Drop samples whose oldest token is older than this many "
+                                          "versions.")
+    fsync: bool = Field(True, description="Make every write durable (fsync) before acknowledging it; false: faster, "
+                        "but a machine crash can lose acknowledged samples.")
+    max_pending: PositiveInt = Field(100_000, description="Refuse (nack, retry later) new samples beyond this "
+                                     "backlog.")
+    group_size: PositiveInt = Field(1, description="A group (same group_id) is batched once it has this many "
+                                    "samples, or once group_timeout_s has passed.")
+    group_timeout_s: PositiveFloat = Field(60.0, description="A group is also batched once its first sample is "
+                                           "this old.")
+    segment_samples: PositiveInt = Field(
+        10_000, description="Samples are stored in segments of this many; a segment whose samples are all committed "
+        "or dropped is deleted (or moved to pool.archive), so disk and restart time stay flat.")
+    archive: str = Field("", description="A directory finished segments are moved to instead of being deleted; "
+                         "empty: deleted.")
+    seen_window_segments: NonNegativeInt = Field(8, description="Deleted segments whose ids still count as duplicates "
+                                                 "on a resend.")
 
 
 class TrainerConfig(Section):
-    lr: PositiveFloat = 1e-4
-    lr_schedule: Literal["constant", "cosine"] = "constant"  # cosine: linear warmup, then down to min_lr_ratio * lr
-    warmup_steps: NonNegativeInt = 0
-    min_lr_ratio: Probability = 0.1
-    weight_decay: NonNegativeFloat = 0.0  # applied to matrices only, not to norms and biases
+    lr: PositiveFloat = Field(1e-4, description="The peak learning rate (AdamW).")
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        "constant", description="constant: lr after the warmup; cosine: linear warmup, then down to min_lr_ratio * lr "
+        "over run.max_steps.")
+    warmup_steps: NonNegativeInt = Field(0, description="Steps of linear warmup up to lr (either schedule); 0: none.")
+    min_lr_ratio: Probability = Field(0.1, description="cosine: where the learning rate ends, as a fraction of lr.")
+    weight_decay: NonNegativeFloat = Field(0.0, description="AdamW's weight decay, applied to matrices only, not to "
+                                           "norms and biases.")
     adam_betas: typing.Annotated[list[typing.Annotated[float, Field(ge=0.0, lt=1.0)]],
-                                 Field(min_length=2, max_length=2)] = Field(default_factory=lambda: [0.9, 0.999])
-    adam_eps: PositiveFloat = 1e-8
-    grad_clip: NonNegativeFloat = 1.0  # max global grad norm (0: no clipping)
-    max_tokens_per_microbatch: PositiveInt = 4096
-    logprob_chunk_tokens: PositiveInt = 1024  # log-probs are computed this many tokens at a time
-    num_threads: PositiveInt = 1
-    tensor_parallel: PositiveInt = 1
-    data_parallel: PositiveInt = 1
-    precision: Literal["fp32", "bf16"] = "fp32"  # bf16 needs CUDA
-    transformer_engine: typing.Annotated[Literal["auto", "on", "off"], SwitchWord] = "auto"  # auto: use it when CUDA and TE are present
-    host: str = "127.0.0.1"
-    publish_port: Port = 0  # PUB socket announcing WeightsPublished
-    keep_weight_versions: PositiveInt = 2  # how many published weight directories stay on disk
-    # disk: safetensors in RUN_DIR/weights + /update_weights_from_disk (the engines must see that directory);
-    # http: the safetensors bytes streamed into each embedded engine's /update_weights_from_tensor (no shared disk;
-    # the default with cluster.backend=ray and embedded engines); nccl: SGLang's distributed update; ipc: trainer and
-    # embedded engines on the same GPU, the tensors shared in place as CUDA IPC handles (clawr1/engine_api/ipc.py)
-    weight_sync: Literal["disk", "http", "nccl", "ipc"] = "disk"
-    # nccl: tensors per /update_weights_from_distributed call, by size; ipc: the size of each shared bucket
-    weight_sync_bucket_mb: PositiveInt = 512
-    # nccl: the address the engines reach trainer rank 0's weight-update rendezvous at (a TCPStore on a free port).
-    # Empty: trainer.host when routable (`clawr1 run` on Ray sets it to rank 0's node address); else, with an engine
-    # on another machine, this machine's address on the route to it; else 127.0.0.1 (everything on one machine)
-    master_address: str = ""
-    checkpoint_every: NonNegativeInt = 0  # steps between checkpoints; 0: never (each batch is committed right after its step)
-    keep_checkpoints: PositiveInt = 2
-    resume: bool = False  # continue from the newest checkpoint in the run directory
-    batch_wait_timeout_s: PositiveFloat = 600.0  # fail loudly if no batch arrives for this long (0 steps limit: wait forever)
+                                 Field(min_length=2, max_length=2)] = Field(
+        default_factory=lambda: [0.9, 0.999], description="AdamW's beta1 and beta2.")
+    adam_eps: PositiveFloat = Field(1e-8, description="AdamW's epsilon.")
+    grad_clip: NonNegativeFloat = Field(1.0, description="Max global grad norm (0: no clipping).")
+    max_tokens_per_microbatch: PositiveInt = Field(4096, description="Samples are packed into micro-batches of at "
+                                                   "most this many tokens (gradients accumulate over them).")
+    logprob_chunk_tokens: PositiveInt = Field(1024, description="Log-probs are computed this many tokens at a time.")
+    num_threads: PositiveInt = Field(1, description="Torch threads per trainer process.")
+    tensor_parallel: PositiveInt = Field(1, description="Tensor-parallel size (Megatron).")
+    data_parallel: PositiveInt = Field(1, description="Data-parallel ranks; with a cluster section `clawr1 run` "
+                                       "derives it (actor GPUs / tensor_parallel).")
+    precision: Literal["fp32", "bf16"] = Field("fp32", description="Training precision; bf16 needs CUDA.")
+    transformer_engine: typing.Annotated[Literal["auto", "on", "off"], SwitchWord] = Field(
+        "auto", description="Use Transformer Engine layers; auto: when CUDA and TE are present.")
+    host: str = Field("127.0.0.1", description="The address the trainer publishes weight versions on.")
+    publish_port: Port = Field(0, description="PUB socket announcing WeightsPublished; 0: `clawr1 run` picks a free "
+                               "port.")
+    keep_weight_versions: PositiveInt = Field(2, description="How many published weight directories stay on disk.")
+    weight_sync: Literal["disk", "http", "nccl", "ipc"] = Field(
+        "disk", description="disk: safetensors in RUN_DIR/weights + /update_weights_from_disk (the engines must see "
+        "that directory); http: the safetensors bytes streamed into each embedded engine's "
+        "/update_weights_from_tensor (no shared disk; the default with cluster.backend=ray and embedded engines); "
+        "nccl: SGLang's distributed update; ipc: trainer and embedded engines on the same GPU, the tensors shared in "
+        "place as CUDA IPC handles (clawr1/engine_api/ipc.py).")
+    weight_sync_bucket_mb: PositiveInt = Field(512, description="nccl: tensors per /update_weights_from_distributed "
+                                               "call, by size; ipc: the size of each shared bucket.")
+    master_address: str = Field(
+        "", description="nccl: the address the engines reach trainer rank 0's weight-update rendezvous at (a TCPStore "
+        "on a free port). Empty: trainer.host when routable (`clawr1 run` on Ray sets it to rank 0's node address); "
+        "else, with an engine on another machine, this machine's address on the route to it; else 127.0.0.1 "
+        "(everything on one machine).")
+    checkpoint_every: NonNegativeInt = Field(0, description="Steps between checkpoints; 0: never (each batch is "
+                                             "committed right after its step).")
+    keep_checkpoints: PositiveInt = Field(2, description="How many checkpoints stay on disk (the newest).")
+    resume: bool = Field(False, description="Continue from the newest checkpoint in the run directory.")
+    batch_wait_timeout_s: PositiveFloat = Field(600.0, description="Fail loudly if no batch arrives for this long "
+                                                "(live runs wait forever).")
 
 
 class AlgoConfig(Section):
     """The objective. Recipes differ only here (and in whether the judge computes a teacher)."""
 
-    # weights of the three signals: A = w_rl * A_rl + w_opd * A_opd per token; w_topk scales the top-k KL loss
-    w_rl: NonNegativeFloat = 1.0
-    w_opd: NonNegativeFloat = 1.0
-    w_topk: NonNegativeFloat = 0.0
-    # OPD advantage shaping: sample: minus each sample's mean gap (no length bias from a less confident teacher);
-    # none: the raw gap, as OpenClaw-RL; opd_clip > 0 bounds every token's OPD advantage to [-opd_clip, opd_clip]
-    opd_center: Literal["none", "sample"] = "none"
-    opd_clip: NonNegativeFloat = 0.0
-    # what the hinted teacher is measured against: student, the policy's own log-prob (the raw OPD gap); teacher,
-    # the same teacher without the hint, so the advantage is what the hint changes and a frozen teacher does not
-    # pull every token back toward the base model (needs the judge's unhinted teacher scores)
-    opd_baseline: Literal["student", "teacher"] = "student"
-    # signal: OPD is switched off while the teacher's summed gap does not sort the judge's scores better than
-    # chance (AUC over the last opd_gate_window scored samples with a hint, two standard errors): a teacher that
-    # misreads the hints (wordings it never learned) would push the wrong way (clawr1/algo/advantages.opd_gate)
-    opd_gate: typing.Annotated[Literal["off", "signal"], SwitchWord] = "off"
-    opd_gate_window: PositiveInt = 256
-    # std: each signal divided by its standard deviation over the batch's tokens (RL: rewarded samples' tokens;
-    # OPD: teacher-scored tokens, gap against the rollout log-probs), so w_rl and w_opd weigh signals of equal
-    # spread (clawr1/algo/advantages.balance_scales); none: the raw signals
-    balance: Literal["none", "std"] = "none"
-    # scalar-reward baseline: group (GRPO: minus the group mean, / std if normalize_std) | none (raw reward)
-    baseline: Literal["group", "none"] = "group"
-    normalize_std: bool = True
-    singleton_baseline: Literal["ema", "none"] = "ema"  # groups of one (live traffic): ema (per-task running mean)
-    ema_decay: typing.Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
+    w_rl: NonNegativeFloat = Field(1.0, description="Weight of the RL advantage: A = w_rl * A_rl + w_opd * A_opd per "
+                                   "token.")
+    w_opd: NonNegativeFloat = Field(1.0, description="Weight of the OPD (hinted teacher) advantage in A = w_rl * A_rl "
+                                    "+ w_opd * A_opd.")
+    w_topk: NonNegativeFloat = Field(0.0, description="Scales the top-k KL loss to the teacher (needs "
+                                     "judge.teacher_topk); 0: off.")
+    opd_center: Literal["none", "sample"] = Field(
+        "none", description="OPD advantage shaping: sample: minus each sample's mean gap (no length bias from a less "
+        "confident teacher); none: the raw gap, as OpenClaw-RL.")
+    opd_clip: NonNegativeFloat = Field(0.0, description="> 0 bounds every token's OPD advantage to [-opd_clip, "
+                                       "opd_clip]; 0: off.")
+    opd_baseline: Literal["student", "teacher"] = Field(
+        "student", description="What the hinted teacher is measured against: student, the policy's own log-prob (the "
+        "raw OPD gap); teacher, the same teacher without the hint, so the advantage is what the hint changes and a "
+        "frozen teacher does not pull every token back toward the base model (needs the judge's unhinted teacher "
+        "scores).")
+    opd_gate: typing.Annotated[Literal["off", "signal"], SwitchWord] = Field(
+        "off", description="signal: OPD is switched off while the teacher's summed gap does not sort the judge's "
+        "scores better than chance (AUC over the last opd_gate_window scored samples with a hint, two standard "
+        "errors): a teacher that misreads the hints (wordings it never learned) would push the wrong way "
+        "(clawr1/algo/advantages.opd_gate).")
+    opd_gate_window: PositiveInt = Field(256, description="opd_gate=signal: how many recent scored samples with a hint "
+                                         "the AUC is taken over.")
+    balance: Literal["none", "std"] = Field(
+        "none", description="std: each signal divided by its standard deviation over the batch's tokens (RL: rewarded "
+        "samples' tokens; OPD: teacher-scored tokens, gap against the rollout log-probs), so w_rl and w_opd weigh "
+        "signals of equal spread (clawr1/algo/advantages.balance_scales); none: the raw signals.")
+    baseline: Literal["group", "none"] = Field(
+        "group", description="Scalar-reward baseline: group (GRPO: minus the group mean, / std if normalize_std); "
+        "none (raw reward).")
+    normalize_std: bool = Field(True, description="group baseline: divide by the group's reward std as well.")
+    singleton_baseline: Literal["ema", "none"] = Field(
+        "ema", description="Groups of one (live traffic): ema, minus a per-task running mean; none, the raw reward.")
+    ema_decay: typing.Annotated[float, Field(ge=0.0, lt=1.0)] = Field(
+        0.9, description="The ema baseline's decay: b <- decay * b + (1 - decay) * the task's mean reward in the "
+        "batch.")
     # PPO clipped surrogate
-    eps_clip_low: typing.Annotated[float, Field(ge=0.0, lt=1.0)] = 0.2
-    eps_clip_high: NonNegativeFloat = 0.28  # "clip-higher": a larger upper bound keeps exploration alive
-    dual_clip: NonNegativeFloat = 0.0  # c > 1 caps the loss of negative-advantage tokens at -c*A; 0: off
-    loss_aggregation: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
-    ppo_epochs: PositiveInt = 1  # passes over each batch
-    minibatches: PositiveInt = 1  # optimizer steps per pass (the batch is split into this many parts)
+    eps_clip_low: typing.Annotated[float, Field(ge=0.0, lt=1.0)] = Field(0.2, description="PPO clipped surrogate: "
+                                                                         "the ratio's lower bound is 1 - "
+                                                                         "eps_clip_low.")
+    eps_clip_high: NonNegativeFloat = Field(0.28, description="The ratio's upper bound is 1 + eps_clip_high "
+                                            "(\"clip-higher\": a larger upper bound keeps exploration alive).")
+    dual_clip: NonNegativeFloat = Field(0.0, description="c > 1 caps the loss of negative-advantage tokens at -c*A; "
+                                        "0: off.")
+    loss_aggregation: Literal["token-mean", "seq-mean-token-mean"] = Field(
+        "token-mean", description="token-mean: every token of the batch weighs the same; seq-mean-token-mean: each "
+        "sample's tokens are averaged, then samples.")
+    ppo_epochs: PositiveInt = Field(1, description="Passes over each batch.")
+    minibatches: PositiveInt = Field(1, description="Optimizer steps per pass (the batch is split into this many "
+                                     "parts).")
     # regularizers
-    kl_coef: NonNegativeFloat = 0.0  # KL to the frozen initial policy; 0: no reference model is kept
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    entropy_coef: NonNegativeFloat = 0.0  # bonus: the loss subtracts entropy_coef * entropy
+    kl_coef: NonNegativeFloat = Field(0.0, description="KL to the frozen initial policy; 0: no reference model is "
+                                      "kept.")
+    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="Schulman's estimator of that KL: k1 (unbiased, "
+                                                    "high variance), k2 (biased, low variance), k3 (unbiased, low "
+                                                    "variance, never negative).")
+    entropy_coef: NonNegativeFloat = Field(0.0, description="Bonus: the loss subtracts entropy_coef * entropy.")
     # off-policy correction
-    tis_cap: NonNegativeFloat = 2.0  # truncated importance sampling cap on pi_old/pi_rollout; 0: off
-    max_staleness: typing.Annotated[int, Field(ge=-1)] = -1  # the trainer also drops samples older than this; -1: leave it to the pool
+    tis_cap: NonNegativeFloat = Field(2.0, description="Truncated importance sampling cap on pi_old/pi_rollout; 0: "
+                                      "off.")
+    max_staleness: typing.Annotated[int, Field(ge=-1)] = Field(-1, description="The trainer also drops samples older "
+                                                               "than this; -1: leave it to the pool.")
 
     @model_validator(mode="after")
     def _dual_clip_above_one(self) -> "AlgoConfig":
@@ -410,17 +526,22 @@ class AlgoConfig(Section):
 class LoraConfig(Section):
     """LoRA: the trainer trains low-rank adapters on a frozen base (clawr1/trainer/lora.py)."""
 
-    enabled: bool = False
-    rank: PositiveInt = 8
-    alpha: PositiveFloat = 16.0  # the adapter's output is scaled by alpha / rank
+    enabled: bool = Field(False, description="Train LoRA adapters instead of the full weights.")
+    rank: PositiveInt = Field(8, description="The adapters' rank (at most serve.max_lora_rank).")
+    alpha: PositiveFloat = Field(16.0, description="The adapter's output is scaled by alpha / rank.")
     targets: list[Literal["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]] = Field(
-        default_factory=lambda: ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"])
-    per_user: bool = False  # one adapter per user, each in its own slot with its own optimizer state
-    # adapter: each publish loads `<slot name>@v<N>` into the engines and the gateway routes to it (only the adapters
-    # travel); merged: slot 0 merged into full weights, published as without LoRA (no per-user adapters then)
-    sync: Literal["adapter", "merged"] = "adapter"
-    slots: PositiveInt = 1  # adapters trained at once (per_user: the most users with an adapter of their own)
-    init_seed: int = 0  # the seed of every slot's initial A (B starts at zero)
+        default_factory=lambda: ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"],
+        description="The layers adapted: linear_qkv (q, k, v projections), linear_proj (attention output), "
+        "linear_fc1 (MLP gate and up), linear_fc2 (MLP down).")
+    per_user: bool = Field(False, description="One adapter per user, each in its own slot with its own optimizer "
+                           "state.")
+    sync: Literal["adapter", "merged"] = Field(
+        "adapter", description="adapter: each publish loads `<slot name>@v<N>` into the engines and the gateway routes "
+        "to it (only the adapters travel); merged: slot 0 merged into full weights, published as without LoRA (no "
+        "per-user adapters then).")
+    slots: PositiveInt = Field(1, description="Adapters trained at once (per_user: the most users with an adapter of "
+                               "their own).")
+    init_seed: int = Field(0, description="The seed of every slot's initial A (B starts at zero).")
 
     @property
     def serves_adapters(self) -> bool:
@@ -445,18 +566,23 @@ class RayPlacementConfig(Section):
     GPU, a policy engine serve.sglang.tp_size GPUs, the PRM and teacher engines all of theirs, the other loops none.
     """
 
-    actor_gpus: NonNegativeInt = 0  # trainer GPUs, one per rank (data_parallel = actor_gpus / tensor_parallel); 0: CPU ranks
-    rollout_gpus: NonNegativeInt = 0  # policy engines, tp_size GPUs each (num_engines derived); 0: CPU engines
-    prm_gpus: NonNegativeInt = 0  # the PRM engine `clawr1 run` starts for the llm judge; 0: on CPU
-    teacher_gpus: NonNegativeInt = 0  # the frozen/lagged teacher engine; 0: on CPU
-    cpus_per_loop: PositiveFloat = 1.0  # CPUs each bundle reserves for its loop's process
-    trainer_strategy: Strategy = "PACK"  # trainer ranks close together (NCCL within a node where they fit)
-    engine_strategy: Strategy = "SPREAD"  # policy, PRM and teacher engines over the nodes
-    loop_strategy: Strategy = "PACK"  # gateway, judge, pool, rollout
-    # extra Ray resources a role's bundles ask for: a node started with `ray start --resources='{"trainer_node": 1}'`
-    # and {trainer: {trainer_node: 0.01}} here keeps every trainer rank on such nodes
-    resources: dict[str, dict[str, PositiveFloat]] = Field(default_factory=dict)
-    placement_timeout_s: PositiveFloat = 120.0  # how long the run waits for Ray to reserve its bundles
+    actor_gpus: NonNegativeInt = Field(0, description="Trainer GPUs, one per rank (data_parallel = actor_gpus / "
+                                       "tensor_parallel); 0: CPU ranks.")
+    rollout_gpus: NonNegativeInt = Field(0, description="Policy engines, tp_size GPUs each (num_engines derived); 0: "
+                                         "CPU engines.")
+    prm_gpus: NonNegativeInt = Field(0, description="The PRM engine `clawr1 run` starts for the llm judge; 0: on CPU.")
+    teacher_gpus: NonNegativeInt = Field(0, description="The frozen/lagged teacher engine; 0: on CPU.")
+    cpus_per_loop: PositiveFloat = Field(1.0, description="CPUs each bundle reserves for its loop's process.")
+    trainer_strategy: Strategy = Field("PACK", description="Trainer ranks close together (NCCL within a node where "
+                                       "they fit).")
+    engine_strategy: Strategy = Field("SPREAD", description="Policy, PRM and teacher engines over the nodes.")
+    loop_strategy: Strategy = Field("PACK", description="Gateway, judge, pool, rollout.")
+    resources: dict[str, dict[str, PositiveFloat]] = Field(
+        default_factory=dict, description="Extra Ray resources a role's bundles ask for: a node started with `ray "
+        "start --resources='{\"trainer_node\": 1}'` and {trainer: {trainer_node: 0.01}} here keeps every trainer rank "
+        "on such nodes. Roles: trainer, engine, prm, teacher, gateway, judge, pool, rollout.")
+    placement_timeout_s: PositiveFloat = Field(120.0, description="How long the run waits for Ray to reserve its "
+                                               "bundles.")
 
     @model_validator(mode="after")
     def _known_roles(self) -> "RayPlacementConfig":
@@ -481,13 +607,19 @@ class ClusterConfig(Section):
     trainer.tensor_parallel) and serve.num_engines (rollout GPUs / serve.sglang.tp_size). See clawr1/cluster.py.
     """
 
-    backend: Literal["local", "ray"] = "local"
-    ray_address: str = ""  # ray: the cluster to join; empty: the RAY_ADDRESS environment variable
-    ray: RayPlacementConfig = Field(default_factory=RayPlacementConfig)
-    actor_gpus: list[NonNegativeInt] = Field(default_factory=list)  # trainer ranks, one GPU each
-    rollout_gpus: list[NonNegativeInt] = Field(default_factory=list)  # policy engines (SGLang), tp_size GPUs each
-    prm_gpus: list[NonNegativeInt] = Field(default_factory=list)  # the llm judge's PRM engine, tensor-parallel over all
-    teacher_gpus: list[NonNegativeInt] = Field(default_factory=list)  # the frozen teacher engine (judge.teacher=frozen)
+    backend: Literal["local", "ray"] = Field("local", description="local: `clawr1 run` starts every loop as a child "
+                                             "process on this machine; ray: the loops are placed on a Ray cluster.")
+    ray_address: str = Field("", description="ray: the cluster to join; empty: the RAY_ADDRESS environment variable.")
+    ray: RayPlacementConfig = Field(default_factory=RayPlacementConfig, description="How the run is placed on the "
+                                    "Ray cluster (backend=ray).")
+    actor_gpus: list[NonNegativeInt] = Field(default_factory=list, description="local: trainer ranks, one GPU each "
+                                             "(device indices).")
+    rollout_gpus: list[NonNegativeInt] = Field(default_factory=list, description="local: policy engines (SGLang), "
+                                               "tp_size GPUs each.")
+    prm_gpus: list[NonNegativeInt] = Field(default_factory=list, description="local: the llm judge's PRM engine, "
+                                           "tensor-parallel over all.")
+    teacher_gpus: list[NonNegativeInt] = Field(default_factory=list, description="local: the frozen/lagged teacher "
+                                               "engine (judge.teacher=frozen or lagged).")
 
     @model_validator(mode="after")
     def _one_kind_of_gpu_list(self) -> "ClusterConfig":
@@ -503,25 +635,39 @@ class ClusterConfig(Section):
 
 
 class TrackingConfig(Section):
-    wandb_mode: Literal["offline", "online", "disabled"] = "offline"  # the key comes from WANDB_API_KEY
-    project: str = "clawr1"
-    entity: str = ""
-    name: str = ""
+    wandb_mode: Literal["offline", "online", "disabled"] = Field(
+        "offline", description="Weights & Biases: offline (files in the run directory), online, or disabled; the key "
+        "comes from WANDB_API_KEY.")
+    project: str = Field("clawr1", description="The wandb project.")
+    entity: str = Field("", description="The wandb entity (team or user); empty: the key's default.")
+    name: str = Field("", description="The wandb run name; empty: the run directory's name.")
 
 
 class Config(Section):
-    run: RunConfig = Field(default_factory=RunConfig)
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    serve: ServeConfig = Field(default_factory=ServeConfig)
-    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    judge: JudgeConfig = Field(default_factory=JudgeConfig)
-    pool: PoolConfig = Field(default_factory=PoolConfig)
-    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
-    algo: AlgoConfig = Field(default_factory=AlgoConfig)
-    lora: LoraConfig = Field(default_factory=LoraConfig)
-    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
-    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    run: RunConfig = Field(default_factory=RunConfig, description="The run as a whole: its directory, mode, steps, "
+                           "seed, timeouts and what happens when a loop fails.")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The policy model and how its chat template "
+                               "renders, parses tool calls and reasoning.")
+    serve: ServeConfig = Field(default_factory=ServeConfig, description="The inference engines that serve the "
+                               "policy: backend, ports, memory and LoRA serving.")
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig, description="The OpenAI-compatible gateway: "
+                                   "sessions, request limits, the outbox to the judge and the API key.")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="The rollout loop (run.mode=env): the "
+                                   "environment, concurrency, sampling and evaluation.")
+    judge: JudgeConfig = Field(default_factory=JudgeConfig, description="The judge: how turns are scored, the teacher "
+                               "and its hints, and deliberate noise.")
+    pool: PoolConfig = Field(default_factory=PoolConfig, description="The durable sample pool between the judge and "
+                             "the trainer: batching, staleness, storage.")
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="The trainer: optimizer, parallelism, "
+                                   "precision, weight publishing and checkpoints.")
+    algo: AlgoConfig = Field(default_factory=AlgoConfig, description="The objective: how the RL and OPD signals "
+                             "become advantages, and the PPO loss.")
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapters instead of full weights, one per "
+                             "user if asked.")
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="The GPUs of each role on this "
+                                   "machine (backend=local), or the run's placement on a Ray cluster (backend=ray).")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="Experiment tracking with Weights "
+                                     "& Biases.")
 
     @model_validator(mode="after")
     def _consistent(self) -> "Config":

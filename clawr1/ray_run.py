@@ -187,7 +187,7 @@ class RaySupervisor(RunSkeleton):
         address = self.cfg.cluster.ray_address or os.environ.get("RAY_ADDRESS", "")
         if not address:
             raise ClusterUnavailable("cluster.backend=ray needs a running Ray cluster: set RAY_ADDRESS or "
-                                     "cluster.ray_address (start one with `ray start --head`, see README)")
+                                     "cluster.ray_address (start one with `ray start --head`, see docs/cluster.md)")
         try:
             ray.init(address=address, log_to_driver=False, logging_level="warning")
         except ConnectionError as e:

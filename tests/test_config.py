@@ -96,7 +96,7 @@ def test_recipes_differ_only_in_weights_teacher_and_lr():
     assert (binary.algo.w_rl, binary.algo.w_opd, binary.judge.teacher) == (1.0, 0.0, "none")
     assert (opd.algo.w_rl, opd.algo.w_opd) == (0.0, 1.0)
     assert binary.rollout == combined.rollout == opd.rollout
-    # README, personalization: combined distils from the frozen base (a self-teacher drifts) at binary RL's rate;
+    # docs/personalization.md: combined distils from the frozen base (a self-teacher drifts) at binary RL's rate;
     # OPD alone from the policy of 10 versions ago, at the rate its self-teacher needed
     assert (combined.judge.teacher, opd.judge.teacher, opd.judge.teacher_lag) == ("frozen", "lagged", 10)
     assert (combined.trainer.lr, opd.trainer.lr, binary.trainer.lr) == (2e-4, 1e-4, 2e-4)
@@ -117,7 +117,7 @@ def test_the_lora_users_recipe_is_combined_with_one_adapter_per_user():
     combined = load_config(REPO / "recipes/combined/cpu.yaml")
     users = load_config(REPO / "recipes/combined/cpu_lora_users.yaml")
     assert (users.lora.enabled, users.lora.per_user, users.lora.slots, users.lora.sync) == (True, True, 2, "adapter")
-    assert users.rollout.env_args["users"] == [0, 1] and users.trainer.lr == 3e-3  # measured: README
+    assert users.rollout.env_args["users"] == [0, 1] and users.trainer.lr == 3e-3  # measured: docs/lora.md
     assert users.serve.max_loras == 7  # three versions of each slot's adapter, and one more
     assert users.algo == combined.algo and users.judge.teacher == "policy"  # the base, adapter off: no 2nd engine
     assert users.judge.model_copy(update={"teacher": combined.judge.teacher}) == combined.judge

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-# SGLang release -> (the torch it pins, the NCCL that torch pins): the README's GPU install matches them
+# SGLang release -> (the torch it pins, the NCCL that torch pins): docs/trainer.md ("GPU install") matches them
 SGLANG_NCCL = {"0.5.23": ("2.14.1", "2.30.7"), "0.5.15.post1": ("2.11.0", "2.28.9")}
 
 
@@ -48,5 +48,5 @@ def reported_nccl_version(model_info: dict) -> Optional[str]:
 
 
 def release_nccl(engine_version: Optional[str]) -> Optional[tuple[str, str]]:
-    """(torch, NCCL) that an SGLang release brings, for the releases the README pins; None for others."""
+    """(torch, NCCL) that an SGLang release brings, for the releases docs/trainer.md pins; None for others."""
     return SGLANG_NCCL.get((engine_version or "").strip())

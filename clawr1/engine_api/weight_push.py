@@ -484,7 +484,7 @@ class DistributedWeightSync:
             raise NcclVersionMismatch(
                 f"NCCL versions differ: this trainer has NCCL {self.nccl_version}, but {'; '.join(wrong)}. NCCL refuses "
                 f"peers of another release, so no weights could be published: give the trainer and the engines the "
-                f"same torch (README, GPU install)")
+                f"same torch (docs/trainer.md, 'GPU install')")
         for url in (u for u, v in reported.items() if v is None):
             self._warn_unchecked(url)
 

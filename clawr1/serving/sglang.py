@@ -178,7 +178,7 @@ def _require_sglang(s: SGLangConfig) -> None:
     if probe.returncode != 0:
         error = (probe.stderr.strip().splitlines() or ["no output"])[-1]
         raise SystemExit(f"serve.backend=sglang, but SGLang does not import with {python} ({error}); install it in "
-                         "its own environment and set serve.sglang.python (README: 'GPU install')")
+                         "its own environment and set serve.sglang.python (docs/trainer.md: 'GPU install')")
     log.info("SGLang %s in %s", probe.stdout.strip(), python)
 
 

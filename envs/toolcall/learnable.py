@@ -15,7 +15,8 @@ The first design (`calculator(op, a, b)`, then one tool per operation) was not l
 model built then: its warm start wrote malformed calls nearly always, mixing them up with the
 personal env's `calculator(expression)` (that build also trained on other number tokens than it
 was served; see clawr1/tinymodel/build.py). One shared tool shape is learned: the default model
-makes the right call about half the time at temperature 1 (README, "Environments").
+makes the right call about half the time at temperature 1 (docs/environments.md,
+"Tool-call learning on CPU").
 
 Text is short and regular on purpose. The held-out split holds question *pairs* never trained
 on: 3 + 4 and 4 + 3 always fall in the same split.

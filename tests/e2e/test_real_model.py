@@ -107,8 +107,8 @@ def test_smollm2_streams_trains_on_corrections_and_swaps_weights_under_streaming
         fp32 = hf_logprobs(published, prompt, served["output_ids"])
         exact = hf_logprobs(published, prompt, served["output_ids"], dtype="float64")
         assert len(engine_lps) == len(fp32) > 0
-        # 30 fp32 layers are themselves ~4e-5 from fp64 on this model (README): the engine, decoding with a KV
-        # cache, is as exact as fp32 allows, within 3x HF fp32's own error against fp64
+        # 30 fp32 layers are themselves ~4e-5 from fp64 on this model (docs/laptop_models.md): the engine, decoding
+        # with a KV cache, is as exact as fp32 allows, within 3x HF fp32's own error against fp64
         print(f"engine vs fp64 {gap(engine_lps, exact):.2e}; HF fp32 vs fp64 {gap(fp32, exact):.2e}")
         assert_as_exact_as(engine_lps, exact, fp32, factor=3.0, what="served log-probs")
         code, out = run.interrupt()

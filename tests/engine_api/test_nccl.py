@@ -1,4 +1,4 @@
-"""NCCL versions as torch, NCCL and engines write them, and what the README's SGLang releases bring."""
+"""NCCL versions as torch, NCCL and engines write them, and what the SGLang releases of docs/trainer.md bring."""
 from __future__ import annotations
 
 import pytest

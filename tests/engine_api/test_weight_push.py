@@ -96,8 +96,8 @@ def test_engines_with_the_trainers_nccl_are_connected_and_updated(engines):
 @pytest.mark.parametrize("release, trainer_nccl, tail", [
     (SGLANG_0_5_23, TRAINER_NCCL, "brings NCCL 2.30.7: unless that engine runs another torch, NCCL will refuse the group"),
     (SGLANG_0_5_15, TRAINER_NCCL, "brings NCCL 2.28.9: unless that engine runs another torch, NCCL will refuse the group"),
-    (SGLANG_0_5_23, "2.30.7", "its release pins torch 2.14.1, which brings NCCL 2.30.7"),  # the README's pairing
-    ("0.5.22", TRAINER_NCCL, f"(this trainer has NCCL {TRAINER_NCCL})"),  # a release the README does not pin
+    (SGLANG_0_5_23, "2.30.7", "its release pins torch 2.14.1, which brings NCCL 2.30.7"),  # docs/trainer.md's pairing
+    ("0.5.22", TRAINER_NCCL, f"(this trainer has NCCL {TRAINER_NCCL})"),  # a release docs/trainer.md does not pin
 ])
 def test_an_sglang_engine_that_reports_no_nccl_is_not_checked_but_warned_about(engines, caplog, release, trainer_nccl,
                                                                                 tail):
