@@ -3,6 +3,9 @@ model clawr1 builds itself), checked before anything starts (clawr1/model_dir.py
 loop loads it."""
 from __future__ import annotations
 
+import json
+import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +14,7 @@ from clawr1.model_dir import ModelDirError, check_model_dir
 from clawr1.model_import import ModelImportError, get_model
 
 CPU_DEFAULT_CONTEXT = 4096  # the embedded engine's tokens per request when serve.context_length is 0
+log = logging.getLogger(__name__)
 
 
 def resolve_model_path(model_cfg: ModelConfig) -> Path:
@@ -46,3 +50,38 @@ def load_tokenizer(model_cfg: ModelConfig, path: Path) -> Any:
     if model_cfg.chat_template:
         tokenizer.chat_template = Path(model_cfg.chat_template).expanduser().read_text()
     return tokenizer
+
+
+def load_chat_tokenizer(model_cfg: ModelConfig, path: Path) -> Any:
+    """`load_tokenizer`'s tokenizer read with the `tokenizers` library alone (clawr1/tokenizer_files.py: no torch
+    to import) where the files allow, else `load_tokenizer`'s own: for the loops that only render chats and
+    encode text (the gateway, the judge)."""
+    from clawr1.tokenizer_files import FileTokenizer, FileTokenizerUnsupported
+
+    try:
+        tokenizer = FileTokenizer(path)
+    except FileTokenizerUnsupported as e:
+        log.info("tokenizer of %s loaded with transformers: %s", path, e)
+        return load_tokenizer(model_cfg, path)
+    if model_cfg.chat_template:
+        tokenizer.chat_template = Path(model_cfg.chat_template).expanduser().read_text()
+    return tokenizer
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the gateway reads of a model's config.json and generation_config.json (as written: no defaults)."""
+    model_type: str
+    max_position_embeddings: int  # 0 when config.json does not say
+    end_ids: list[int]  # the eos_token_id(s) of both files: the ids the model's own config says end generation
+
+
+def read_model_facts(path: Path) -> ModelFacts:
+    config = json.loads((path / "config.json").read_text())
+    ids = [config.get("eos_token_id")]
+    if (path / "generation_config.json").is_file():
+        ids.append(json.loads((path / "generation_config.json").read_text()).get("eos_token_id"))
+    flat = [i for x in ids for i in (x if isinstance(x, list) else [x])]
+    return ModelFacts(model_type=config.get("model_type") or "",
+                      max_position_embeddings=config.get("max_position_embeddings") or 0,
+                      end_ids=[i for i in flat if isinstance(i, int)])

@@ -2,6 +2,12 @@
 from __future__ import annotations
 
 import os
+
+# One torch thread per test process and per loop it starts (the engine and the trainer already pin theirs): two
+# xdist workers and their loops share the machine's cores, and torch's default of one thread per core then spins
+# against itself (a family model's teaching step took 2.7x the CPU time with 2 threads as with 1 on a loaded 2-core
+# machine). A process that must use more threads (the tiny model's pinned build) sets its own.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 from pathlib import Path
 
 import httpx

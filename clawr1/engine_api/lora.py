@@ -18,11 +18,12 @@ import io
 import json
 import re
 from pathlib import Path
-from typing import Any, Optional
-
-from torch import Tensor
+from typing import TYPE_CHECKING, Any, Optional
 
 from clawr1.runtime import write_atomically
+
+if TYPE_CHECKING:  # torch only for the annotations: the gateway imports this module and never torch
+    from torch import Tensor
 
 SERIALIZED_LIST_SINCE = (0, 5, 17)  # the first SGLang with serialized_named_tensors (a list, one per TP rank)
 

@@ -4,29 +4,15 @@ from __future__ import annotations
 import logging
 
 import uvicorn
-from transformers import AutoConfig
 
 from clawr1.config import Config
 from clawr1.gateway.app import check_exposure, create_app
 from clawr1.chat import template_breaking_shapes
 from clawr1.gateway.service import Gateway
 from clawr1.runtime import freeze_startup_objects, resolve_api_key, setup_logging
-from clawr1.model_path import engine_context, load_tokenizer, resolve_model_path
+from clawr1.model_path import engine_context, load_chat_tokenizer, read_model_facts, resolve_model_path
 
 log = logging.getLogger("clawr1.gateway")
-
-
-def model_end_ids(model_path, model_config) -> list[int]:
-    """The ids the model's own config says end generation (config.json and generation_config.json)."""
-    from transformers import GenerationConfig
-
-    ids = [model_config.eos_token_id]
-    try:
-        ids.append(GenerationConfig.from_pretrained(model_path).eos_token_id)
-    except OSError:  # no generation_config.json
-        pass
-    flat = [i for x in ids for i in (x if isinstance(x, list) else [x])]
-    return [i for i in flat if isinstance(i, int)]
 
 
 def main(cfg: Config) -> int:
@@ -34,11 +20,11 @@ def main(cfg: Config) -> int:
     key = resolve_api_key(cfg.gateway)
     check_exposure(cfg.gateway, key)
     model_path = resolve_model_path(cfg.model)
-    tokenizer = load_tokenizer(cfg.model, model_path)
-    model_config = AutoConfig.from_pretrained(model_path)
-    gateway = Gateway(cfg, tokenizer, judge_addr=cfg.judge_turns_addr, model_type=model_config.model_type,
-                      end_ids=model_end_ids(model_path, model_config))
-    model_max = getattr(model_config, "max_position_embeddings", 0) or 0
+    tokenizer = load_chat_tokenizer(cfg.model, model_path)
+    model = read_model_facts(model_path)
+    gateway = Gateway(cfg, tokenizer, judge_addr=cfg.judge_turns_addr, model_type=model.model_type,
+                      end_ids=model.end_ids)
+    model_max = model.max_position_embeddings
     gateway.max_context = (cfg.serve.sglang.context_length or model_max if cfg.serve.backend == "sglang"
                            else engine_context(model_max, cfg.serve.context_length))
     log.info("chat template: tool calls %s, reasoning %s; not prefix-stable for: %s", gateway.tool_call_format,

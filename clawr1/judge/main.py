@@ -284,10 +284,10 @@ async def serve(cfg: Config, judge: Judge, stop: asyncio.Event, on_ready=None) -
 
 def main(cfg: Config) -> int:
     from clawr1.runtime import mark_ready, setup_logging
-    from clawr1.model_path import load_tokenizer, resolve_model_path
+    from clawr1.model_path import load_chat_tokenizer, resolve_model_path
 
     setup_logging("judge")
-    tokenizer = load_tokenizer(cfg.model, resolve_model_path(cfg.model))
+    tokenizer = load_chat_tokenizer(cfg.model, resolve_model_path(cfg.model))
     judge = Judge(cfg, tokenizer)
 
     async def run() -> None:

@@ -9,6 +9,8 @@ Results are cached by a hash of everything that goes into them, so a second call
 returns at once. The build runs in a child process whose numerics are pinned
 (`pinned_build_env`): the same spec gives the same weights, bit for bit, on any
 x86-64 machine with the pinned torch, and `clawr1_build.json` records their sha256.
+torch is imported only where the build runs: every loop finds the cached model through
+`ensure_tiny_model`, and the gateway and the judge never need torch.
 """
 from __future__ import annotations
 
@@ -23,19 +25,21 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Optional
-
-import torch
+from typing import TYPE_CHECKING, Callable, Optional
 
 from clawr1.config import TinyModelConfig
 from clawr1.runtime import die_with_parent, file_sha256, load_object
 from clawr1.tinymodel.chatml import CHATML_JINJA, END_OF_TEXT, IM_END, IM_START, encode_for_training, render_text
 
+if TYPE_CHECKING:
+    import torch
+
 # bump when the build procedure changes, to invalidate caches (3: the tokenizer trains as it loads; 4: built in a
 # pinned process, its weights' sha256 recorded)
 BUILD_VERSION = 4
 # spec hash -> the weights' sha256 that build gives on x86-64 with AVX2, an AMD CPU and torch REFERENCE_TORCH (the
-# default spec: README, "Two commands"); a build of one of these specs that gives other weights says so loudly.
+# default spec: docs/two_commands.md, "The tiny model, the same everywhere"); a build of one of these specs that
+# gives other weights says so loudly.
 # Pinned to AVX2, an Intel Xeon still built other weights (955b4fb6...), most likely by MKL's vendor-specific paths.
 REFERENCE_TORCH = "2.13.0"
 REFERENCE_CPU_VENDOR = "AuthenticAMD"
@@ -121,6 +125,7 @@ def saved_tokenizer(trained, model: torch.nn.Module, out_dir: Path, probe_texts:
 
 
 def build_model(cfg: TinyModelConfig, tokenizer) -> torch.nn.Module:
+    import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(
@@ -136,6 +141,8 @@ def build_model(cfg: TinyModelConfig, tokenizer) -> torch.nn.Module:
 
 def _batches(examples: list[tuple[list[int], list[int]]], batch_size: int, steps: int, seed: int, pad_id: int):
     """Random batches of similar-length examples (a window of the length-sorted list): little padding."""
+    import torch
+
     g = torch.Generator().manual_seed(seed)
     by_length = sorted(range(len(examples)), key=lambda i: len(examples[i][0]))
     for _ in range(steps):
@@ -154,6 +161,8 @@ def _batches(examples: list[tuple[list[int], list[int]]], batch_size: int, steps
 def warm_start(model: torch.nn.Module, tokenizer, convs: list[Conversation],
                cfg: TinyModelConfig) -> list[float]:
     """Supervised pass on assistant tokens; returns the loss curve (one value per 100 steps)."""
+    import torch
+
     examples = [encode_for_training(tokenizer, msgs, tools) for msgs, tools in convs]
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, weight_decay=0.01)
     warmup = max(1, cfg.sft_steps // 20)
@@ -182,6 +191,8 @@ def warm_start(model: torch.nn.Module, tokenizer, convs: list[Conversation],
 
 def build_tiny_model(cfg: TinyModelConfig, out_dir: Path, conversations: Conversations) -> Path:
     """Tokenizer, model and warm start, in this process as it is set up (`ensure_tiny_model` pins it first)."""
+    import torch
+
     torch.manual_seed(cfg.seed)
     convs = conversations(cfg.sft_examples, cfg.seed)
     texts = [p.read_text() for p in sorted(CORPUS_DIR.glob("*.txt"))] + _conversation_texts(convs)
@@ -266,7 +277,7 @@ def _check_reference(spec: str, built: dict) -> None:
         _log(f"WARNING: weights sha256 {built['sha256']} differ from the reference build's {reference} (made on "
              f"x86-64 with AVX2 kernels, an {REFERENCE_CPU_VENDOR} CPU and torch {REFERENCE_TORCH}; this one: "
              f"{built['machine']}, {built['cpu_capability']}, {cpu_vendor() or 'unknown vendor'}, torch "
-             f"{built['torch']}): README results are the reference build's")
+             f"{built['torch']}): the results in docs/ are the reference build's")
 
 
 def ensure_tiny_model(cfg: TinyModelConfig, cache: Path) -> Path:
@@ -290,6 +301,8 @@ def ensure_tiny_model(cfg: TinyModelConfig, cache: Path) -> Path:
 
 def main(argv: list[str]) -> int:
     """The build process: `python -m clawr1.tinymodel.build OUT_DIR SPEC_JSON`, started by `ensure_tiny_model`."""
+    import torch
+
     out_dir, spec_json = Path(argv[0]), argv[1]
     cfg = TinyModelConfig.model_validate_json(spec_json)
     torch.set_num_threads(cfg.build_threads)
