@@ -51,7 +51,7 @@ def _path(name: str, tiny_model: Path) -> Path:
         return tokenizer_dir(name)
     found = cached_model(name, Path(ModelConfig().cache_dir).expanduser())
     if found is None:
-        pytest.skip(f"{name} is not in the model cache (`clawr1 init-model` fetches it); not fetched by this test")
+        pytest.skip(f"{name} is not in the model cache (`clawr1 model get {name}` fetches it); not fetched by this test")
     return found
 
 
