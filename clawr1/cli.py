@@ -47,7 +47,8 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="score an agent on an environment's tasks: pass@1, pass@k, pass^k")
     b.add_argument("env", help="envs/terminal, envs/toolcall, or package.module:Class")
     b.add_argument("--tasks", help="the environment's task set, e.g. learnable, bfcl:simple, or a task directory")
-    b.add_argument("--agent", choices=("oracle", "null", "policy"), default="policy")
+    b.add_argument("--agent", choices=("oracle", "null", "wrong", "policy"), default="policy",
+                   help="oracle, null, wrong: the environment's scripted agents (wrong: envs/gui's wrong solutions)")
     b.add_argument("--samples", type=int, default=1, help="attempts per task (k of pass@k)")
     b.add_argument("--limit", type=int, default=0, help="only the first N tasks")
     b.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE", help="an environment argument")

@@ -5,6 +5,8 @@ An environment is a class named by import path (`rollout.env: package.module:Cla
 `clawr1 rollout` implements over the gateway with the official `openai` client, exactly as any
 external agent would. clawr1 itself never imports an environment: the names of the evaluation
 metrics reach the progress line and `clawr1 report` through the metrics the rollout loop writes.
+An environment that holds a process (envs/gui's browser) may define `close()`: `clawr1 rollout`
+and `clawr1 bench` call it when they finish.
 """
 from __future__ import annotations
 

@@ -182,6 +182,14 @@ async def run(cfg: Config, stop: asyncio.Event) -> None:
             t.cancel()
         await asyncio.wait(tasks, timeout=5)
         await asyncio.wait_for(chat.close(), timeout=5)
+        close_environment(env)
+
+
+def close_environment(env: Any) -> None:
+    """Release what the environment holds (a browser, sandboxes), where it says how (an optional `close()`)."""
+    close = getattr(env, "close", None)
+    if callable(close):
+        close()
 
 
 def main(cfg: Config) -> int:

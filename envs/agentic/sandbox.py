@@ -434,7 +434,7 @@ def _limits_script(limits: SandboxLimits, limit_processes: bool) -> str:
     return " && ".join(settings) + ' || exit 125\n/bin/bash -c "$1"\nexit $?\n'
 
 
-def _system_paths() -> list[tuple[str, str | None]]:
+def system_binds() -> list[tuple[str, str | None]]:
     """(path, symlink target or None for a directory) for each of SYSTEM_DIRS present on the host."""
     found = []
     for path in SYSTEM_DIRS:
@@ -448,7 +448,7 @@ def _system_paths() -> list[tuple[str, str | None]]:
 def _bwrap_argv(bwrap: str, workspace: Path, limits: SandboxLimits, toolchain_dir: Path | None) -> list[str]:
     argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
             "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox"]
-    for path, link in _system_paths():
+    for path, link in system_binds():
         argv += ["--symlink", link, path] if link else ["--ro-bind", path, path]
     if toolchain_dir is not None:
         argv += ["--ro-bind", str(toolchain_dir), TOOLCHAIN]
@@ -479,7 +479,7 @@ def _unshare_setup_script(new_root: Path, workspace: Path, limits: SandboxLimits
     pid 1 of the new pid namespace. The last step enters a nested user namespace that maps only
     SANDBOX_UID, so the command has no capabilities left and cannot change the mounts.
     """
-    system = _system_paths()
+    system = system_binds()
     dirs = [path.lstrip("/") for path, link in system if not link]
     dev_nodes = "null zero full random urandom tty"
     toolchain_lines = [] if toolchain_dir is None else [

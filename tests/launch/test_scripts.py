@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import REPO
 
-RECIPES = ["binary_rl", "opd", "combined", "swe"]
+RECIPES = ["binary_rl", "opd", "combined", "swe", "gui"]
 
 
 def launch(recipe: str, tmp_path: Path, gpus: int, **env: str) -> subprocess.CompletedProcess:

@@ -1,0 +1,202 @@
+"""One GUI episode: a fresh browser context, the task's site, actions by element id, the final state.
+
+`GuiWorld` is an `envs.agentic.agent.World`: `call` runs one tool call and answers with the new
+observation (the page's accessibility tree, an id per element); `grade` judges the end state once.
+Its methods block; they run the browser work on the `BrowserHost`'s thread.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Optional
+
+from envs.agentic.agent import Grade, ToolOutcome
+from envs.gui.actions import Action, ActionError, ids_in, parse_call
+from envs.gui.browser import BrowserHost
+from envs.gui.site import SiteRouter
+from envs.gui.task import FinalState, GuiTask
+
+ACTION_TIMEOUT_MS = 3000
+LOAD_TIMEOUT_MS = 10000
+READY_TIMEOUT_S = 10.0
+VIEWPORT = {"width": 1024, "height": 768}
+CALL_TIMEOUT_S = 60.0  # a whole call on the browser's thread (action, settling, observation)
+
+
+class EpisodeSetupError(RuntimeError):
+    pass
+
+
+class GuiWorld:
+    """A task's episode in its own browser context, closed by `close()` whatever happened."""
+
+    def __init__(self, host: BrowserHost, task: GuiTask, max_observation_chars: int = 6000):
+        self.host = host
+        self.task = task
+        self.max_chars = max_observation_chars
+        self.router = SiteRouter(task.site)
+        self.context: Any = None
+        self.page: Any = None
+        self.instruction = task.instruction
+        self.observation = ""
+        self.shown_ids: set[str] = set()  # in the last observation
+        self.seen_ids: set[str] = set()  # in any observation of this episode
+        self.answer: Optional[str] = None
+        self.done = False
+        self._closed = False
+
+    # -- start
+    def open(self) -> "GuiWorld":
+        """Open the context and the start page; the first observation is in `self.observation`."""
+        try:
+            self.host.run(self._open(), CALL_TIMEOUT_S)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    async def _open(self) -> None:
+        self.context = await self.host.new_context(viewport=VIEWPORT, service_workers="block", locale="en-US",
+                                                   timezone_id="UTC")
+        await self.context.route("**/*", self.router.handle)
+        self.context.set_default_timeout(ACTION_TIMEOUT_MS)
+        self.page = await self.context.new_page()
+        await self.page.goto(self.task.site.url(self.task.start_path), timeout=LOAD_TIMEOUT_MS)
+        if self.task.start_js:
+            await self.page.evaluate(self.task.start_js)
+        if self.task.ready_js:
+            await self._wait_true(self.task.ready_js)
+        if self.task.instruction_js:
+            self.instruction = str(await self.page.evaluate(self.task.instruction_js))
+        self.observation = await self._observe()
+
+    async def _wait_true(self, js: str) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not await self.page.evaluate(js):
+            if time.monotonic() > deadline:
+                raise EpisodeSetupError(f"gui task {self.task.id}: the page never became ready ({js})")
+            await asyncio.sleep(0.02)
+
+    # -- acting
+    def call(self, name: str, arguments: str) -> ToolOutcome:
+        t0 = time.monotonic()
+        try:
+            action = parse_call(name, arguments)
+        except ActionError as e:
+            return ToolOutcome(self.observation, ok=False, error=str(e), wall_s=time.monotonic() - t0)
+        if action.tool == "submit":
+            self.answer = action.args.get("answer", "")
+            return ToolOutcome("The task is submitted.", submitted=True, wall_s=time.monotonic() - t0)
+        error = self.host.run(self._act(action), CALL_TIMEOUT_S)
+        return ToolOutcome(self.observation, ok=not error, error=error, submitted=self.done,
+                           wall_s=time.monotonic() - t0)
+
+    async def _act(self, action: Action) -> str:
+        """Do `action`, then observe the page; the error ("" when it worked)."""
+        try:
+            await self._perform(action)
+            error = ""
+        except ActionError as e:
+            error = str(e)
+        await self._settle()
+        if self.task.done_js and await self.page.evaluate(self.task.done_js):
+            self.done = True
+        self.observation = await self._observe()
+        return error
+
+    async def _perform(self, action: Action) -> None:
+        from playwright.async_api import Error as PlaywrightError, TimeoutError as PlaywrightTimeout
+
+        if action.tool == "go_back":
+            if await self.page.go_back(timeout=LOAD_TIMEOUT_MS) is None:
+                raise ActionError("go_back: there is no previous page")
+            return
+        target = await self._element(action) if action.element else None
+        try:
+            if action.tool == "click":
+                await target.click()
+            elif action.tool == "fill":
+                await target.fill(action.args["text"])
+            elif action.tool == "select_option":
+                await target.select_option(label=action.args["option"])
+            elif action.tool == "press":
+                await (target.press(action.args["key"]) if target else self.page.keyboard.press(action.args["key"]))
+        except PlaywrightTimeout:
+            where = action.element or "the page"
+            raise ActionError(f"{action.tool}: timed out after {ACTION_TIMEOUT_MS / 1000:g} s on {where} (it may be "
+                              f"covered by another element, or not accept this action)") from None
+        except PlaywrightError as e:
+            raise ActionError(f"{action.tool} on {action.element or 'the page'} failed: {_first_line(e)}") from None
+
+    async def _element(self, action: Action) -> Any:
+        """The live element an action names, or an ActionError that says why there is none to act on."""
+        ref = action.element
+        stale = ActionError(f"{action.tool}: stale element id {ref!r}: it is no longer on the page (the page "
+                            f"changed); use the ids of the new observation")
+        if ref not in self.shown_ids:
+            if ref in self.seen_ids:
+                raise stale
+            raise ActionError(f"{action.tool}: unknown element id {ref!r}: the last observation has no [ref={ref}]")
+        locator = self.page.locator(f"aria-ref={ref}")
+        try:
+            found = await locator.count()
+        except Exception:
+            found = 0
+        if not found:
+            raise stale
+        if not await locator.is_visible():
+            raise ActionError(f"{action.tool}: element {ref} is hidden")
+        if action.tool != "press" and not await locator.is_enabled():
+            raise ActionError(f"{action.tool}: element {ref} is disabled")
+        return locator
+
+    async def _settle(self) -> None:
+        """Let what the action started (a navigation, a script's timer) land before observing."""
+        await self.page.evaluate("() => new Promise(r => requestAnimationFrame(() => setTimeout(r, 0)))")
+        await self.page.wait_for_load_state("load", timeout=LOAD_TIMEOUT_MS)
+
+    async def _observe(self) -> str:
+        try:
+            tree = await self.page.locator(self.task.observe).aria_snapshot(mode="ai", timeout=LOAD_TIMEOUT_MS)
+        except Exception as e:
+            tree = f"(the page could not be read: {_first_line(e)})"
+        self.shown_ids = ids_in(tree)
+        self.seen_ids |= self.shown_ids
+        title = await self.page.title()
+        text = f"Page: {title or '(untitled)'} {self.page.url}\n{tree}"
+        if len(text) > self.max_chars:
+            cut = len(text) - self.max_chars
+            text = text[:self.max_chars] + f"\n... ({cut} more characters not shown)"
+        return text
+
+    # -- the end
+    def grade(self, messages: list[dict]) -> Grade:
+        state = self.host.run(self._final_state(), CALL_TIMEOUT_S)
+        verdict = self.task.judge(state)
+        details = {"reason": verdict.reason, "answer": state.answer, "posts": [p.as_dict() for p in state.posts],
+                   "url": state.url, "refused_requests": len(self.router.refused)}
+        return Grade(verdict.passed, 1.0 if verdict.passed else -1.0, feedback=verdict.reason, details=details)
+
+    async def _final_state(self) -> FinalState:
+        page_state = await self.page.evaluate(self.task.state_js) if self.task.state_js else None
+        return FinalState(self.page.url, self.observation, list(self.router.posts), self.answer, page_state)
+
+    def close(self) -> None:
+        """Close the episode's context (its pages, storage and cookies go with it). Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.host.run(self._close(), CALL_TIMEOUT_S)
+        except RuntimeError:
+            pass  # the browser is closed already: so is the context
+
+    async def _close(self) -> None:
+        context, self.context = self.context, None
+        if context is not None:
+            await context.close()
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:300] if text else type(error).__name__

@@ -1,0 +1,46 @@
+"""GUI episodes of the tiny model end to end on CPU: pages in the sandboxed browser, tool schemas and the
+accessibility tree in the model's own template, the page's verdict in the pool, GRPO pairs, training steps.
+
+The tiny model cannot operate a web page (its verdicts are all -1); the run shows the whole path.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import defaultdict
+
+import pytest
+from transformers import AutoTokenizer
+
+from clawr1.pool.store import read_samples
+from envs.gui.actions import TOOL_NAMES
+from envs.gui.env import GuiEnv
+from tests.conftest import REPO
+from tests.e2e.test_run import trainer_records
+from tests.envs.test_gui_env import _browser_missing
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(_browser_missing()), reason=_browser_missing() or "-")]
+
+
+def test_the_gui_recipe_runs_judged_grpo_groups_into_training(tiny_model, tmp_path):
+    run_dir = tmp_path / "gui"
+    done = subprocess.run([sys.executable, "-m", "clawr1.cli", "run", "recipes/gui/cpu.yaml", f"run.dir={run_dir}",
+                           "run.max_steps=2"], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert [r["step"] for r in trainer_records(run_dir)] == [1, 2]
+    pool = read_samples(run_dir / "pool")
+    assert len(pool) >= 8  # two batches of 4
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    instructions = {t.id: t.instruction for t in GuiEnv({}).tasks()}  # own tasks say theirs; MiniWoB++'s pages do
+    sessions_of_group: dict[str, set[str]] = defaultdict(set)
+    for s in pool:
+        assert s.reward in (1.0, -1.0)  # the page's verdict, on every turn (env_reward: all_turns)
+        prompt = tokenizer.decode(s.tokens[:s.prompt_len])
+        tools = prompt[prompt.index("<tools>"):prompt.index("</tools>")]  # the offered tools, in the template
+        assert all(f'"{tool}"' in tools for tool in TOOL_NAMES)
+        assert "The page:\nPage: " in prompt and "[ref=e1]" in prompt  # the accessibility tree, ids and all
+        assert instructions[s.task_id] in prompt
+        sessions_of_group[s.group_id].add(s.session_id)
+    assert {len(sessions) for sessions in sessions_of_group.values()} == {2}  # GRPO: 2 attempts at each task
+    log = (run_dir / "logs" / "rollout.log").read_text()
+    assert "Traceback" not in log
