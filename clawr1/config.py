@@ -643,6 +643,17 @@ class TrackingConfig(Section):
     name: str = Field("", description="The wandb run name; empty: the run directory's name.")
 
 
+class TinkerConfig(Section):
+    """Tinker's API: `clawr1 tinker-serve` serves it from this machine's engine and trainer (docs/tinker.md)."""
+
+    host: str = Field("127.0.0.1", description="Where `clawr1 tinker-serve` listens.")
+    port: NonNegativeInt = Field(0, description="Its port (0: a free one, printed at start).")
+    model_name: str = Field("", description="The base model name clients name and `get_info` reports; empty: the "
+                            "model directory's name.")
+    api_key_env: str = Field("TINKER_API_KEY", description="The environment variable holding the key clients must "
+                             "send (X-API-Key); unset: any key is accepted. The key is never logged or written.")
+
+
 class Config(Section):
     run: RunConfig = Field(default_factory=RunConfig, description="The run as a whole: its directory, mode, steps, "
                            "seed, timeouts and what happens when a loop fails.")
@@ -668,6 +679,8 @@ class Config(Section):
                                    "machine (backend=local), or the run's placement on a Ray cluster (backend=ray).")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="Experiment tracking with Weights "
                                      "& Biases.")
+    tinker: TinkerConfig = Field(default_factory=TinkerConfig, description="Tinker's API served from this "
+                                 "machine (`clawr1 tinker-serve`).")
 
     @model_validator(mode="after")
     def _consistent(self) -> "Config":
@@ -937,7 +950,7 @@ def assign_free_ports(cfg: Config) -> Config:
 
     for section, name in [
         (cfg.serve, "port"), (cfg.gateway, "port"), (cfg.gateway, "acks_port"), (cfg.pool, "samples_port"),
-        (cfg.pool, "batches_port"), (cfg.trainer, "publish_port"), (cfg.judge, "port"),
+        (cfg.pool, "batches_port"), (cfg.trainer, "publish_port"), (cfg.judge, "port"), (cfg.tinker, "port"),
     ]:
         if getattr(section, name) == 0:
             setattr(section, name, port())

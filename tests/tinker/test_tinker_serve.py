@@ -1,0 +1,154 @@
+"""`clawr1 tinker-serve` end to end on CPU: the unchanged Tinker SDK trains the tiny model's LoRA adapter through
+clawr1's Megatron trainer and samples through clawr1's engine, with the adapter each save loads into it."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from tests.conftest import REPO, pid_alive
+from tests.numerics import assert_close, forward_depth, logit_magnitude
+
+tinker = pytest.importorskip("tinker", reason="needs the Tinker SDK (the `tinker` extra: scripts/setup.sh installs it)")
+from tinker import types  # noqa: E402
+
+pytestmark = pytest.mark.slow
+KEY = "tml-clawr1-test-key-3f9a"  # what clients must send; it must appear in no file the run writes
+SDK_ENV = {"TINKER_TELEMETRY": "0"}
+SLOTS = 6  # every test here makes its own training client
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model, tmp_path_factory):
+    """A tinker-serve on the tiny model: (its URL, the model name, the run directory)."""
+    run_dir = tmp_path_factory.mktemp("tinker") / "run"
+    log = run_dir.parent / "tinker-serve.log"
+    env = {**os.environ, "TINKER_API_KEY": KEY, "PYTHONUNBUFFERED": "1"}
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "clawr1.cli", "tinker-serve", "recipes/tinker/serve_cpu.yaml",
+                                 f"run.dir={run_dir}", f"model.path={tiny_model}", f"lora.slots={SLOTS}"], cwd=REPO,
+                                env=env, stdout=out, stderr=subprocess.STDOUT)
+    children: list[int] = []
+    try:
+        url = _wait_ready(run_dir / "tinker_url", proc, log)
+        children = _children(proc.pid)  # the engine
+        yield url, Path(tiny_model).name, run_dir
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    assert children and not [pid for pid in children if pid_alive(pid)], "the engine outlived tinker-serve"
+    assert KEY not in log.read_text()
+
+
+def _wait_ready(url_file: Path, proc: subprocess.Popen, log: Path) -> str:
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"tinker-serve exited {proc.returncode}:\n{log.read_text()[-3000:]}"
+        if url_file.exists():
+            url = url_file.read_text().strip()
+            try:
+                if httpx.get(f"{url}/api/v1/healthz", headers={"X-API-Key": KEY}, timeout=2).status_code == 200:
+                    return url
+            except httpx.HTTPError:
+                pass
+        time.sleep(0.5)
+    raise AssertionError(f"tinker-serve was not ready in 600 s:\n{log.read_text()[-3000:]}")
+
+
+def _children(pid: int) -> list[int]:
+    """The processes `pid` started (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def service(url: str, key: str = KEY) -> "tinker.ServiceClient":
+    os.environ.update(SDK_ENV)
+    return tinker.ServiceClient(base_url=url, api_key=key)
+
+
+def test_the_sdk_example_trains_two_steps_and_the_served_weights_change_each_time(served):
+    url, model_name, _ = served
+    out = subprocess.run([sys.executable, "examples/tinker_rl.py", "--base-url", url, "--base-model", model_name,
+                          "--steps", "2"], cwd=REPO, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, **SDK_ENV, "TINKER_API_KEY": KEY})
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert [line["step"] for line in lines] == [0, 1, 2]
+    probes = [line["probe_logprob"] for line in lines]
+    assert probes[0] != probes[1] != probes[2]  # each step's saved sampler serves new weights
+    assert all(0.0 <= line["reward_mean"] <= 1.0 for line in lines[1:])
+
+
+def test_the_trainer_scores_what_the_engine_serves(served, tiny_model):
+    """After a step, the trainer's log-probs of a sequence (forward) and the engine's with the saved adapter
+    (compute_logprobs) are the same computation in fp32 by different kernels."""
+    url, model_name, _ = served
+    sc = service(url)
+    try:
+        trainer = sc.create_lora_training_client(base_model=model_name, rank=8)
+        tokens = [11, 12, 13, 40, 42, 44, 46]
+        datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                            loss_fn_inputs={"target_tokens": tokens[1:], "weights": [0.0, 0.0, 1.0, 1.0, 1.0, 1.0]})
+        before = trainer.forward([datum], "cross_entropy").result()
+        trainer.forward_backward([datum], "cross_entropy").result()
+        trainer.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+        after = trainer.forward([datum], "cross_entropy").result()
+        sampler = trainer.save_weights_and_get_sampling_client()
+        served_logprobs = sampler.compute_logprobs(types.ModelInput.from_ints(tokens)).result()[1:]
+        trained = after.loss_fn_outputs[0]["logprobs"].to_torch()
+        assert after.metrics["loss:sum"] < before.metrics["loss:sum"]  # the step lowered the trained loss
+        # each path rounds up to forward_depth times at the logits' scale, in the base and in the adapter
+        scale = logit_magnitude(tiny_model, [tokens])
+        assert_close(torch.tensor(served_logprobs), trained, torch.float32, 2 * forward_depth(tiny_model), scale,
+                     "engine vs trainer")
+    finally:
+        sc.close("success")
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda tc: tc.forward_backward([types.Datum(model_input=types.ModelInput.from_ints([1, 2]),
+                                                 loss_fn_inputs={"target_tokens": [2, 3]})], "dro").result(),
+     "unsupported loss_fn 'dro'"),
+    (lambda tc: tc.forward_backward([types.Datum(model_input=types.ModelInput.from_ints([1, 2]),
+                                                 loss_fn_inputs={"target_tokens": [2, 3], "advantages": [0.0, 1.0]})],
+                                    "ppo").result(), "needs loss_fn_inputs logprobs"),
+    (lambda tc: tc.forward_backward([types.Datum(model_input=types.ModelInput.from_ints([1, 2]),
+                                                 loss_fn_inputs={"target_tokens": [2, 10 ** 7]})],
+                                    "cross_entropy").result(), "outside the vocabulary"),
+])
+def test_a_call_the_server_cannot_do_fails_with_its_reason(served, call, message):
+    url, model_name, _ = served
+    sc = service(url)
+    try:
+        trainer = sc.create_lora_training_client(base_model=model_name, rank=8)
+        with pytest.raises(Exception, match=message):
+            call(trainer)
+    finally:
+        sc.close("success")
+
+
+def test_a_wrong_key_is_refused_and_the_key_is_written_nowhere(served):
+    url, model_name, run_dir = served
+    sc = service(url, key="tml-not-the-key")
+    with pytest.raises(Exception):
+        sc.create_lora_training_client(base_model=model_name, rank=8)
+    written = [p for p in run_dir.rglob("*") if p.is_file() and KEY.encode() in p.read_bytes()]
+    assert not written
