@@ -29,7 +29,7 @@ from typing import Any, Iterator
 
 import yaml
 
-from clawr1.environment import EpisodeResult, TaskEnvironment
+from clawr1.environment import EpisodeResult, TaskEnvironment, close_environment
 from clawr1.runtime import load_object
 
 CONCURRENCY = {"policy": 4, "oracle": 8, "null": 8, "wrong": 8}
@@ -222,9 +222,7 @@ def main(args) -> int:
     try:
         scores = asyncio.run(_with_agent(env, tasks, args, echo))
     finally:
-        close = getattr(env, "close", None)  # an environment that holds a process (a browser) releases it
-        if callable(close):
-            close()
+        close_environment(env)  # an environment that holds a process (a browser) releases it
     summary = {"benchmark": "bench", "env": args.env, "task_set": args.tasks or "default", "agent": args.agent,
                **summarize(scores, args.samples), "wall_s": round(time.monotonic() - t0, 1)}
     if getattr(env, "pass_name", ""):  # what the environment calls a pass (SWE: resolved_rate), beside pass@1

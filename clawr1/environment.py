@@ -132,3 +132,10 @@ def check_environment(env: Any, import_path: str) -> None:
                         f"(see clawr1/environment.py)")
     if not env.eval_metrics:
         raise TypeError(f"rollout.env {import_path}: eval_metrics must name at least the headline score")
+
+
+def close_environment(env: Any) -> None:
+    """Release what an environment holds (a browser, sandboxes), where it says how (an optional `close()`)."""
+    close = getattr(env, "close", None)
+    if callable(close):
+        close()

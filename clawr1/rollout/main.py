@@ -25,7 +25,7 @@ import openai
 from clawr1 import bus, protocol
 from clawr1.config import Config
 from clawr1.chat_client import GatewayChat
-from clawr1.environment import check_environment
+from clawr1.environment import check_environment, close_environment
 from clawr1.protocol import WeightsPublished
 from clawr1.runtime import load_object, mark_ready, ready_file, resolve_api_key, setup_logging
 from clawr1.tracking import MetricsWriter
@@ -184,12 +184,6 @@ async def run(cfg: Config, stop: asyncio.Event) -> None:
         await asyncio.wait_for(chat.close(), timeout=5)
         close_environment(env)
 
-
-def close_environment(env: Any) -> None:
-    """Release what the environment holds (a browser, sandboxes), where it says how (an optional `close()`)."""
-    close = getattr(env, "close", None)
-    if callable(close):
-        close()
 
 
 def main(cfg: Config) -> int:
