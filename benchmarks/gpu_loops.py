@@ -151,6 +151,7 @@ def overrides(args, run_dir: Path, model: Optional[Path], ports: dict[str, int])
               "rollout.eval_every=0", "judge.teacher=frozen", f"trainer.weight_sync={args.weight_sync}",
               f"gateway.port={ports['gateway']}", f"serve.port={ports['engine']}",
               f"judge.teacher_port={ports['teacher']}", "trainer.batch_wait_timeout_s=120"]
+    common += args.set
     if args.device == "cpu":
         return common + ["pool.batch_size=8", "rollout.max_pool_backlog=12"] + ([f"model.path={model}"] if model else [])
     return common + [
@@ -423,6 +424,8 @@ def main() -> int:
     p.add_argument("--engine-gb", type=float, default=8.0, help="serve.memory_budget_gb of each engine (GPU memory)")
     p.add_argument("--client-max-tokens", type=int, default=32)
     p.add_argument("--model", default="", help="cpu: an HF model directory instead of the tiny model")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override for the run (repeatable), e.g. pool.max_staleness=0 for on-policy steps")
     args = p.parse_args()
     start = time.monotonic()
     stages = Stages(start + args.budget_s)
