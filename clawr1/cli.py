@@ -166,7 +166,7 @@ def _run(args) -> int:
     print(f"[run] {recipe} -> {cfg.run_dir}", flush=True)
     # the tiny model is built once, here; a configured model must be on every node that loads it
     on_ray_with_own_model = cfg.cluster.backend == "ray" and cfg.model.path
-    print(f"[run] model: {cfg.model.path if on_ray_with_own_model else resolve_model_path(cfg.model)}", flush=True)
+    print(f"[run] model: {cfg.model.path if on_ray_with_own_model else resolve_model_path(cfg.model, cfg.serve.backend != 'tinker')}", flush=True)
     tracker = WandbForwarder(cfg)
     tracker.start()
     try:

@@ -165,9 +165,10 @@ class SGLangConfig(Section):
 
 
 class ServeConfig(Section):
-    backend: Literal["embedded", "sglang"] = Field(
+    backend: Literal["embedded", "sglang", "tinker"] = Field(
         "embedded", description="The inference engine: embedded, clawr1's own (clawr1/serving, CPU or one GPU); "
-        "sglang, SGLang servers launched from serve.sglang.")
+        "sglang, SGLang servers launched from serve.sglang; tinker, the engine API in front of Tinker sampling "
+        "clients at tinker.base_url (with trainer.backend=tinker; docs/tinker.md).")
     host: str = Field("127.0.0.1", description="The address the engines listen on.")
     port: Port = Field(0, description="The first engine's port; 0: `clawr1 run` picks a free port.")
     num_threads: PositiveInt = Field(1, description="Torch threads for the embedded engine.")
@@ -402,6 +403,10 @@ class PoolConfig(Section):
 
 
 class TrainerConfig(Section):
+    backend: Literal["megatron", "tinker"] = Field(
+        "megatron", description="megatron: clawr1's Megatron trainer on this machine's CPU or GPUs; tinker: every step "
+        "through Tinker's API at tinker.base_url (forward_backward, optim_step, new sampler weights), with "
+        "serve.backend=tinker (docs/tinker.md).")
     lr: PositiveFloat = Field(1e-4, description="The peak learning rate (AdamW).")
     lr_schedule: Literal["constant", "cosine"] = Field(
         "constant", description="constant: lr after the warmup; cosine: linear warmup, then down to min_lr_ratio * lr "
@@ -650,8 +655,21 @@ class TinkerConfig(Section):
     port: NonNegativeInt = Field(0, description="Its port (0: a free one, printed at start).")
     model_name: str = Field("", description="The base model name clients name and `get_info` reports; empty: the "
                             "model directory's name.")
-    api_key_env: str = Field("TINKER_API_KEY", description="The environment variable holding the key clients must "
-                             "send (X-API-Key); unset: any key is accepted. The key is never logged or written.")
+    api_key_env: str = Field("TINKER_API_KEY", description="The environment variable holding the key: the one "
+                             "`clawr1 tinker-serve` requires of clients (unset: any key is accepted), and the one "
+                             "trainer.backend=tinker and serve.backend=tinker send. It is never logged or written.")
+    # trainer.backend=tinker / serve.backend=tinker: training and sampling through Tinker's API
+    base_url: str = Field("", description="The Tinker service (trainer.backend=tinker, serve.backend=tinker); empty: "
+                          "the SDK's default, Tinker's own service; or a `clawr1 tinker-serve` URL.")
+    base_model: str = Field("", description="The base model Tinker trains and samples (e.g. "
+                            "Qwen/Qwen3-4B-Instruct-2507); empty: model.path's directory name. model.path must hold the "
+                            "same model's tokenizer and config.json (the weights are not needed on this machine).")
+    lora_rank: PositiveInt = Field(32, description="The LoRA rank of the training client Tinker creates.")
+    loss_fn: Literal["ppo", "importance_sampling", "cispo"] = Field(
+        "ppo", description="Tinker's loss for each step; ppo clips the ratio to sampling at [1 - algo.eps_clip_low, "
+        "1 + algo.eps_clip_high].")
+    request_timeout_s: PositiveFloat = Field(600.0, description="How long one Tinker call (a step's forward_backward, "
+                                             "a sample) may take before the loop fails loudly.")
 
 
 class Config(Section):
@@ -732,6 +750,7 @@ class Config(Section):
         if (self.algo.w_opd or self.algo.w_topk) and j.teacher == "none":
             raise ValueError("algo.w_opd or algo.w_topk > 0 needs a teacher: set judge.teacher to policy or frozen "
                              "(or the weights to 0)")
+        self._check_tinker()
         if self.trainer.weight_sync == "nccl" and self.serve.backend != "sglang" and not self.gateway.engine_urls:
             raise ValueError("trainer.weight_sync=nccl pushes into SGLang engines: set serve.backend=sglang")
         if self.trainer.weight_sync == "http" and self.serve.backend != "embedded":
@@ -743,6 +762,25 @@ class Config(Section):
                              "it starts on the same machine (serve.backend=embedded, cluster.backend=local, no "
                              "gateway.engine_urls)")
         return self
+
+    def _check_tinker(self) -> None:
+        """trainer.backend=tinker and serve.backend=tinker go together, without what only the Megatron trainer has."""
+        if (self.trainer.backend == "tinker") != (self.serve.backend == "tinker"):
+            raise ValueError("trainer.backend=tinker and serve.backend=tinker go together: the engines sample the "
+                             "weights the Tinker trainer saves (set both, or neither)")
+        if self.trainer.backend != "tinker":
+            return
+        a = self.algo
+        unsupported = {"lora.enabled": self.lora.enabled, "algo.kl_coef": a.kl_coef, "algo.entropy_coef": a.entropy_coef,
+                       "algo.w_topk": a.w_topk, "algo.dual_clip": a.dual_clip, "algo.ppo_epochs": a.ppo_epochs > 1,
+                       "algo.minibatches": a.minibatches > 1, "judge.teacher=lagged": self.judge.teacher == "lagged",
+                       "cluster.backend=ray": self.cluster.backend == "ray",
+                       "gateway.engine_urls": bool(self.gateway.engine_urls)}
+        named = [k for k, v in unsupported.items() if v]
+        if named:
+            raise ValueError(f"trainer.backend=tinker does not support {', '.join(named)} (docs/tinker.md): Tinker "
+                             "trains its own LoRA (tinker.lora_rank) with one loss call per step and no reference "
+                             "model")
 
     # ---- derived addresses, so every loop finds every other from the same tree ----
     @property

@@ -14,10 +14,12 @@ class ModelDirError(ValueError):
     """A model directory that cannot be run; the text names everything missing."""
 
 
-def check_model_dir(path: Path, chat_template_file: str = "") -> dict[str, Any]:
+def check_model_dir(path: Path, chat_template_file: str = "", weights: bool = True) -> dict[str, Any]:
     """Refuse a directory that lacks what a run needs, naming every missing part: config.json of a supported
     architecture, safetensors weights, a tokenizer, a chat template, and a vocabulary that covers the
-    tokenizer's ids (the trainer pads it to a multiple of the tensor-parallel size). Returns config.json."""
+    tokenizer's ids (the trainer pads it to a multiple of the tensor-parallel size). Returns config.json.
+    `weights=False`: the weights may be missing (trainer.backend=tinker: Tinker holds them; this machine only
+    renders chats and tokenizes)."""
     if not path.is_dir():
         raise ModelDirError(f"model.path {path} is not a directory")
     problems: list[str] = []
@@ -32,7 +34,7 @@ def check_model_dir(path: Path, chat_template_file: str = "") -> dict[str, Any]:
     if config and family not in SUPPORTED_FAMILIES:
         problems.append(f"model_type {family!r} ({', '.join(config.get('architectures') or [])}) is not supported; "
                         f"supported: {', '.join(SUPPORTED_FAMILIES)}")
-    if not any(path.glob("*.safetensors")):
+    if weights and not any(path.glob("*.safetensors")):
         problems.append("no *.safetensors weights")
     tokenizer_config = _json_or_empty(path / "tokenizer_config.json")
     if not (path / "tokenizer.json").exists():

@@ -17,12 +17,12 @@ CPU_DEFAULT_CONTEXT = 4096  # the embedded engine's tokens per request when serv
 log = logging.getLogger(__name__)
 
 
-def resolve_model_path(model_cfg: ModelConfig) -> Path:
-    """model.path when set (checked: see `check_model_dir`); else model.name's converted directory; else the
-    cached tiny model, built on first use."""
+def resolve_model_path(model_cfg: ModelConfig, weights: bool = True) -> Path:
+    """model.path when set (checked: see `check_model_dir`; `weights=False` where only its tokenizer and config
+    are used); else model.name's converted directory; else the cached tiny model, built on first use."""
     if model_cfg.path:
         path = Path(model_cfg.path).expanduser()
-        check_model_dir(path, model_cfg.chat_template)
+        check_model_dir(path, model_cfg.chat_template, weights)
         return path
     if model_cfg.name:
         try:

@@ -114,7 +114,7 @@ def test_other_errors_go_through_at_once():
 
 
 def test_the_trainers_pool_client_stops_asking_when_told_to_and_gives_up_a_commit():
-    from clawr1.trainer.main import commit_batch, wait_for_batch
+    from clawr1.trainer.pool_client import commit_batch, wait_for_batch
 
     client = bus.RpcClient(_addr(), timeout_s=TIMEOUT_S)
     stop = threading.Event()

@@ -178,3 +178,25 @@ def test_a_bare_on_or_off_override_keeps_its_word():
     assert load_config(None, ["trainer.transformer_engine=on"]).trainer.transformer_engine == "on"
     with pytest.raises(ConfigError, match="algo.opd_gate: 'on' is not allowed"):
         load_config(None, ["algo.opd_gate=on"])
+
+
+def test_the_tinker_recipes_train_and_serve_through_tinker_with_openclaw_rls_defaults():
+    for recipe in ("recipes/combined/tinker.yaml", "recipes/live/tinker.yaml"):
+        cfg = load_config(REPO / recipe)
+        assert (cfg.trainer.backend, cfg.serve.backend, cfg.judge.teacher) == ("tinker", "tinker", "frozen")
+        assert (cfg.tinker.base_model, cfg.tinker.lora_rank, cfg.trainer.lr, cfg.pool.batch_size, cfg.tinker.loss_fn) == (
+            "Qwen/Qwen3-4B-Instruct-2507", 32, 1e-4, 4, "ppo")
+        assert cfg.tinker.base_url == ""  # Tinker's own service unless told otherwise
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["trainer.backend=tinker"], "trainer.backend=tinker and serve.backend=tinker go together"),
+    (["serve.backend=tinker"], "trainer.backend=tinker and serve.backend=tinker go together"),
+    (["trainer.backend=tinker", "serve.backend=tinker", "algo.kl_coef=0.1", "algo.ppo_epochs=2"],
+     "trainer.backend=tinker does not support algo.kl_coef, algo.ppo_epochs"),
+    (["trainer.backend=tinker", "serve.backend=tinker", "lora.enabled=true"],
+     "trainer.backend=tinker does not support lora.enabled"),
+])
+def test_tinker_backends_refuse_what_only_the_megatron_trainer_has(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)

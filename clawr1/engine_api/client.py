@@ -224,6 +224,7 @@ MODEL_INFO, OLD_MODEL_INFO = "/model_info", "/get_model_info"
 SERVER_INFO_PATHS = ("/server_info", "/get_server_info")
 SESSION_SINCE = (0, 5, 21)  # the first SGLang release with /begin_weight_update and flush-while-retracted
 EMBEDDED_ENGINE = "clawr1-embedded"  # what our embedded engine's /server_info reports as "engine"
+TINKER_ENGINE = "clawr1-tinker"  # serve.backend=tinker (clawr1/serving/tinker_engine.py): no scheduler to pause
 
 
 def _model_info_paths(known: Optional[str]) -> tuple[str, ...]:
@@ -263,6 +264,8 @@ def update_protocol(info: Optional[dict]) -> UpdateProtocol:
     info = info if isinstance(info, dict) else {}
     if info.get("engine") == EMBEDDED_ENGINE:
         return UpdateProtocol(EMBEDDED_ENGINE, "retract", False)
+    if info.get("engine") == TINKER_ENGINE:
+        return UpdateProtocol(TINKER_ENGINE, "retract", False)
     version = info.get("version")
     release = _release(version)
     if release is None:  # not SGLang, or one that does not say: the safe choices, and ask about the session

@@ -19,7 +19,7 @@ def main(cfg: Config) -> int:
     setup_logging("gateway")
     key = resolve_api_key(cfg.gateway)
     check_exposure(cfg.gateway, key)
-    model_path = resolve_model_path(cfg.model)
+    model_path = resolve_model_path(cfg.model, weights=cfg.serve.backend != "tinker")
     tokenizer = load_chat_tokenizer(cfg.model, model_path)
     model = read_model_facts(model_path)
     gateway = Gateway(cfg, tokenizer, judge_addr=cfg.judge_turns_addr, model_type=model.model_type,

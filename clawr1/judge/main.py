@@ -287,7 +287,7 @@ def main(cfg: Config) -> int:
     from clawr1.model_path import load_chat_tokenizer, resolve_model_path
 
     setup_logging("judge")
-    tokenizer = load_chat_tokenizer(cfg.model, resolve_model_path(cfg.model))
+    tokenizer = load_chat_tokenizer(cfg.model, resolve_model_path(cfg.model, weights=cfg.serve.backend != "tinker"))
     judge = Judge(cfg, tokenizer)
 
     async def run() -> None:

@@ -1,4 +1,4 @@
-"""`clawr1 serve`: the embedded engine over HTTP."""
+"""`clawr1 serve`: the embedded engine over HTTP (or SGLang, or the engine API in front of Tinker)."""
 from __future__ import annotations
 
 import logging
@@ -64,6 +64,10 @@ def check_memory(cfg: Config, path: Path, plan: EnginePlan) -> EnginePlan:
 
 def main(cfg: Config) -> int:
     setup_logging("serve")
+    if cfg.serve.backend == "tinker":  # before the weights are looked for: a Tinker run's model.path needs none
+        from clawr1.serving.tinker_engine import serve_tinker
+
+        return serve_tinker(cfg)
     path = resolve_model_path(cfg.model)
     if cfg.serve.backend == "sglang":
         from clawr1.serving.sglang import serve_sglang

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from clawr1 import bus
 from clawr1.config import Config
-from clawr1.protocol import Batch, BatchRequest, Commit, NoBatch
+from clawr1.protocol import Batch
 from clawr1.runtime import mark_ready, setup_logging, stop_event
 from clawr1.model_path import resolve_model_path
 from clawr1.tracking import MetricsWriter
@@ -33,53 +33,11 @@ from clawr1.trainer.megatron_setup import ParallelInfo, init_parallel, shutdown_
 from clawr1.trainer.model import Policy, build_policy
 from clawr1.trainer.lora import LoraAdapters, LoraShape, peft_config
 from clawr1.trainer.optim import MegatronDistributedAdam, SlotAdamW, TorchAdamW, wrap_ddp
+from clawr1.trainer.pool_client import commit_batch, progress_line, wait_for_batch
 from clawr1.trainer.publish import WeightPublisher, gather_adapters, gather_hf_state
 from clawr1.trainer.step import OpdSignalWindow, train_step
 
 log = logging.getLogger("clawr1.trainer")
-
-
-class NoDataError(RuntimeError):
-    """The pool produced no batch for longer than trainer.batch_wait_timeout_s."""
-
-
-MAX_POLL_S = 1.0  # an idle trainer asks the pool at most this often
-
-
-def wait_for_batch(pool: bus.RpcClient, version: int, last_batch_id: int, batch_size: int,
-                   timeout_s: Optional[float], stop) -> Optional[Batch]:
-    """The next batch, or None once `stop` is set; NoDataError after `timeout_s` without one (None: wait forever)."""
-    start = reported = time.monotonic()
-    poll_s = 0.05
-    # a pool that died holding the request: ask its successor (asking is idempotent)
-    asking = bus.Retry(note="asking the pool again", stop=stop.is_set)
-    while not stop.is_set():
-        reply = None
-        for attempt in asking.attempts():
-            with attempt:
-                reply = pool.call(BatchRequest(trainer_version=version, last_batch_id=last_batch_id,
-                                               batch_size=batch_size))
-        if reply is None:
-            return None  # told to stop before the pool answered
-        if isinstance(reply, Batch):
-            return reply
-        assert isinstance(reply, NoBatch)
-        waited = time.monotonic() - start
-        if timeout_s is not None and waited > timeout_s:
-            raise NoDataError(f"no batch from the pool in {timeout_s:.0f}s ({reply.reason}); is rollout producing samples?")
-        if time.monotonic() - reported > (30 if timeout_s is not None else 300):
-            log.info("waiting for samples: %s", reply.reason)
-            reported = time.monotonic()
-        stop.wait(poll_s)
-        poll_s = min(poll_s * 2, MAX_POLL_S)
-    return None
-
-
-def commit_batch(pool: bus.RpcClient, batch_id: int, tries: int = 5) -> None:
-    """Commit a batch to the pool; committing is idempotent, so a pool that died holding the request is asked again."""
-    for attempt in bus.Retry(tries, note=f"committing batch {batch_id} again").attempts():
-        with attempt:
-            pool.call(Commit(batch_id=batch_id))
 
 
 def broadcast(obj, par: ParallelInfo):
@@ -135,12 +93,6 @@ def add_lora(policy: Policy, cfg: Config, par: ParallelInfo) -> SlotAdamW:
         policy.lora.cuda()
     return SlotAdamW([policy.lora.slot_parameters(k) for k in range(lc.slots)], cfg.trainer, cfg.run.max_steps,
                      par.tp, par.dp)
-
-
-def progress_line(step: int, max_steps: int, version: int, stats: dict) -> str:
-    return (f"step {step}{f'/{max_steps}' if max_steps else ''} | version {version} | samples {stats['samples']} | "
-            f"reward {stats['reward_mean']:+.3f} | hint rate {stats['hint_rate']:.2f} | "
-            f"loss {stats['pg_loss']:+.4f} | {stats['tokens_per_s']:.0f} tok/s")
 
 
 class Trainer:
@@ -286,6 +238,10 @@ class Trainer:
 def main(cfg: Config) -> int:
     setup_logging("trainer")
     stop = stop_event()
+    if cfg.trainer.backend == "tinker":  # every step through Tinker's API: no model, no torch.distributed here
+        from clawr1.trainer.tinker_trainer import main as train_through_tinker
+
+        return train_through_tinker(cfg, stop)
     torch.set_num_threads(cfg.trainer.num_threads)
     par = init_parallel(cfg.trainer.tensor_parallel, seed=cfg.run.seed)
     if par.dp != cfg.trainer.data_parallel:

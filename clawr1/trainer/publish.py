@@ -1,6 +1,6 @@
 """Publishing weights: a strategy gets them into every engine, then a PUB note tells every loop.
 
-Four strategies behind one small interface (`WeightSink.push`):
+Five strategies behind one small interface (`WeightSink.push`):
 
 - `DiskSink` (trainer.weight_sync=disk): HF safetensors in RUN_DIR/weights/vNNNNNN, then each
   engine, one at a time so the others keep serving, loads them with /update_weights_from_disk.
@@ -11,6 +11,7 @@ Four strategies behind one small interface (`WeightSink.push`):
   SGLang engines (clawr1/engine_api/weight_push.py; GPU clusters only).
 - `IpcSink` (trainer.weight_sync=ipc): trainer and embedded engines on the same device; the tensors shared
   in place as CUDA IPC handles, in buckets (clawr1/engine_api/ipc.py).
+- `TinkerSamplerSink` (trainer.backend=tinker): no tensors here; the engines switch to a Tinker sampler path.
 
 A weight version counts the trainer steps published, so it always equals the step.
 """
@@ -294,7 +295,24 @@ def _unload(engine: SyncEngineClient, name: str) -> None:
         log.warning("engine %s did not unload %s (%s); the next publish tries again", engine.url, name, e)
 
 
+class TinkerSamplerSink:
+    """trainer.backend=tinker: the weights stay in Tinker. What is handed over is the tinker:// path of a
+    sampler save, which each engine (serve.backend=tinker) switches its sampling client to."""
+
+    def __init__(self, engines: list[SyncEngineClient]):
+        self.engines = engines
+
+    def push(self, reference: str, version: int) -> str:
+        to_each_engine(self.engines, lambda engine: engine.update_weights_from_disk(reference, version))
+        return reference
+
+    def close(self) -> None:
+        pass
+
+
 def _sink(cfg: Config, engines: list[SyncEngineClient], base_model_path: Path) -> WeightSink:
+    if cfg.trainer.backend == "tinker":
+        return TinkerSamplerSink(engines)
     if cfg.lora.serves_adapters:
         return AdapterSink(cfg, engines)
     if cfg.trainer.weight_sync == "nccl":
@@ -319,6 +337,10 @@ class WeightPublisher:
 
     def publish(self, hf_state: dict, version: int, step: int) -> str:
         return self._announce(lambda: self.sink.push(hf_state, version), version, step)
+
+    def publish_sampler(self, reference: str, version: int, step: int) -> str:
+        """trainer.backend=tinker: the engines switch to Tinker's sampler weights at `reference`."""
+        return self._announce(lambda: self.sink.push(reference, version), version, step)
 
     def publish_adapters(self, adapters: dict[int, dict[str, Tensor]], config: dict, version: int, step: int) -> str:
         return self._announce(lambda: self.sink.push_adapters(adapters, config, version), version, step)

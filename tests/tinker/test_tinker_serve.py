@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 
-from tests.conftest import REPO, pid_alive
+from tests.conftest import REPO
 from tests.numerics import assert_close, forward_depth, logit_magnitude
+from tests.tinker_serve import tinker_serve
 
 tinker = pytest.importorskip("tinker", reason="needs the Tinker SDK (the `tinker` extra: scripts/setup.sh installs it)")
 from tinker import types  # noqa: E402
@@ -30,53 +28,8 @@ SLOTS = 6  # every test here makes its own training client
 def served(tiny_model, tmp_path_factory):
     """A tinker-serve on the tiny model: (its URL, the model name, the run directory)."""
     run_dir = tmp_path_factory.mktemp("tinker") / "run"
-    log = run_dir.parent / "tinker-serve.log"
-    env = {**os.environ, "TINKER_API_KEY": KEY, "PYTHONUNBUFFERED": "1"}
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "clawr1.cli", "tinker-serve", "recipes/tinker/serve_cpu.yaml",
-                                 f"run.dir={run_dir}", f"model.path={tiny_model}", f"lora.slots={SLOTS}"], cwd=REPO,
-                                env=env, stdout=out, stderr=subprocess.STDOUT)
-    children: list[int] = []
-    try:
-        url = _wait_ready(run_dir / "tinker_url", proc, log)
-        children = _children(proc.pid)  # the engine
+    with tinker_serve(run_dir, tiny_model, KEY, slots=SLOTS) as url:
         yield url, Path(tiny_model).name, run_dir
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-    assert children and not [pid for pid in children if pid_alive(pid)], "the engine outlived tinker-serve"
-    assert KEY not in log.read_text()
-
-
-def _wait_ready(url_file: Path, proc: subprocess.Popen, log: Path) -> str:
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"tinker-serve exited {proc.returncode}:\n{log.read_text()[-3000:]}"
-        if url_file.exists():
-            url = url_file.read_text().strip()
-            try:
-                if httpx.get(f"{url}/api/v1/healthz", headers={"X-API-Key": KEY}, timeout=2).status_code == 200:
-                    return url
-            except httpx.HTTPError:
-                pass
-        time.sleep(0.5)
-    raise AssertionError(f"tinker-serve was not ready in 600 s:\n{log.read_text()[-3000:]}")
-
-
-def _children(pid: int) -> list[int]:
-    """The processes `pid` started (from /proc)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return found
 
 
 def service(url: str, key: str = KEY) -> "tinker.ServiceClient":
