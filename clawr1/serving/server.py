@@ -19,11 +19,11 @@ from clawr1.serving.engine import Engine, GenerateRequest, RequestError, Samplin
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-3, 100.0  # logits / a smaller temperature overflow to inf
 
 
-def _error(message: str, status: int = 400) -> JSONResponse:
+def error_response(message: str, status: int = 400) -> JSONResponse:
     return JSONResponse({"error": {"message": message}}, status_code=status)
 
 
-async def _json_body(request: Request) -> dict:
+async def read_json_body(request: Request) -> dict:
     try:
         body = await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -87,7 +87,7 @@ def create_app(engine: Engine) -> FastAPI:
 
     @app.exception_handler(RequestError)
     async def _bad_request(_: Request, exc: RequestError) -> JSONResponse:
-        return _error(str(exc))
+        return error_response(str(exc))
 
     @app.get("/health")
     @app.get("/health_generate")
@@ -116,7 +116,7 @@ def create_app(engine: Engine) -> FastAPI:
 
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(request: Request) -> Response:
-        body = await _json_body(request)
+        body = await read_json_body(request)
         reqs, is_batch = parse_generate(body, engine.tokenizer)
         queues = _submit_all(engine, reqs)
         if body.get("stream"):
@@ -133,7 +133,7 @@ def create_app(engine: Engine) -> FastAPI:
     async def update_weights_from_disk(request: Request) -> JSONResponse:
         """Loads between decode steps. `flush_cache` is accepted and needs no action: the engine keeps no KV
         across a weight change (running requests are retracted and recomputed, see clawr1/serving/engine.py)."""
-        body = await _json_body(request)
+        body = await read_json_body(request)
         if not body.get("model_path"):
             return JSONResponse({"success": False, "message": "model_path is required", "num_paused_requests": 0}, 400)
         try:
@@ -157,7 +157,7 @@ def create_app(engine: Engine) -> FastAPI:
             if request.headers.get("content-type", "").split(";")[0].strip() == OCTET_STREAM:
                 state, version = await _raw_tensors(request)
             else:
-                state, version = _json_tensors(await _json_body(request))
+                state, version = _json_tensors(await read_json_body(request))
             new = await asyncio.to_thread(engine.update_weights_from_tensors, state, version)
         except RequestError as e:
             return JSONResponse({"success": False, "message": str(e)}, 400)
@@ -168,7 +168,7 @@ def create_app(engine: Engine) -> FastAPI:
         """Tensors shared in place by a trainer on the same device (trainer.weight_sync=ipc), in clawr1's
         no-pickle format (clawr1/engine_api/ipc.py): every bucket opened, then loaded in one step boundary."""
         try:
-            state, version = open_payload(await _json_body(request))
+            state, version = open_payload(await read_json_body(request))
             new = await asyncio.to_thread(engine.update_weights_from_tensors, state, version)
         except (RequestError, IpcFormatError) as e:
             return JSONResponse({"success": False, "message": str(e)}, 400)
@@ -177,7 +177,7 @@ def create_app(engine: Engine) -> FastAPI:
     @app.post("/load_lora_adapter")
     async def load_lora_adapter(request: Request) -> JSONResponse:
         """SGLang's: a PEFT directory on this machine (`lora_path`) under the name `lora_name`."""
-        body = await _json_body(request)
+        body = await read_json_body(request)
         path = body.get("lora_path")
         if not isinstance(path, str) or not path:
             return _lora_reply(engine, "lora_path (a PEFT adapter directory) is required")
@@ -194,7 +194,7 @@ def create_app(engine: Engine) -> FastAPI:
         """SGLang 0.5.23's shape: `lora_name`, `config_dict` (adapter_config.json) and `serialized_named_tensors`,
         one entry per TP rank, here base64 safetensors (`load_format: "safetensors"`; SGLang's own is a pickle,
         which an HTTP endpoint must not unpickle)."""
-        body = await _json_body(request)
+        body = await read_json_body(request)
 
         def load() -> None:
             engine.lora_bank()
@@ -206,12 +206,12 @@ def create_app(engine: Engine) -> FastAPI:
     @app.post("/unload_lora_adapter")
     async def unload_lora_adapter(request: Request) -> JSONResponse:
         """Takes no new request for the adapter at once; answers once its in-flight requests are done."""
-        body = await _json_body(request)
+        body = await read_json_body(request)
         return await _lora_call(engine, lambda: engine.unload_adapter(str(body.get("lora_name"))))
 
     @app.post("/pause_generation")
     async def pause_generation(request: Request) -> JSONResponse:
-        body = await _json_body(request) if await request.body() else {}
+        body = await read_json_body(request) if await request.body() else {}
         await asyncio.to_thread(engine.pause, body.get("mode") or "abort")
         return JSONResponse({"message": "Generation paused successfully.", "status": "ok"})
 

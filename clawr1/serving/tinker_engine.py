@@ -51,7 +51,7 @@ from clawr1.engine_api.versions import parse_version
 from clawr1.engine_api.client import TINKER_ENGINE
 from clawr1.model_path import load_tokenizer, read_model_facts, resolve_model_path
 from clawr1.serving.engine import GenerateRequest, RequestError, SamplingParams
-from clawr1.serving.server import parse_generate
+from clawr1.serving.server import error_response, parse_generate, read_json_body
 
 log = logging.getLogger("clawr1.serve")
 
@@ -282,20 +282,6 @@ class TinkerEngine:
 # The app
 # ---------------------------------------------------------------------------------------------------------------
 
-def _error(message: str, status: int = 400) -> JSONResponse:
-    return JSONResponse({"error": {"message": message}}, status_code=status)
-
-
-async def _json_body(request: Request) -> dict:
-    try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise RequestError("the body is not valid JSON") from None
-    if not isinstance(body, dict):
-        raise RequestError("the body must be a JSON object")
-    return body
-
-
 async def _all(calls: list[Awaitable[dict]]) -> list[dict]:
     """Every call's result; one failure (or the client leaving) cancels the rest."""
     tasks = [asyncio.ensure_future(c) for c in calls]
@@ -332,12 +318,12 @@ def create_app(engine: TinkerEngine) -> FastAPI:
 
     @app.exception_handler(RequestError)
     async def _bad_request(_: Request, exc: RequestError) -> JSONResponse:
-        return _error(str(exc))
+        return error_response(str(exc))
 
     @app.exception_handler(TinkerCallError)
     async def _tinker_failed(_: Request, exc: TinkerCallError) -> JSONResponse:
         log.warning("%s", exc)
-        return _error(str(exc), exc.status)
+        return error_response(str(exc), exc.status)
 
     @app.get("/health")
     @app.get("/health_generate")
@@ -367,7 +353,7 @@ def create_app(engine: TinkerEngine) -> FastAPI:
 
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(request: Request) -> Response:
-        body = await _json_body(request)
+        body = await read_json_body(request)
         reqs, is_batch = _parse(body, engine.tokenizer)
         results = await _all([engine.generate(r) for r in reqs])
         if body.get("stream"):
@@ -376,7 +362,7 @@ def create_app(engine: TinkerEngine) -> FastAPI:
 
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(request: Request) -> JSONResponse:
-        body = await _json_body(request)
+        body = await read_json_body(request)
         path = body.get("model_path")
         if not isinstance(path, str) or not path:
             return _update_reply(False, "model_path (the tinker:// path of saved sampler weights) is required", 400)

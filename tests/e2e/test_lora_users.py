@@ -87,6 +87,17 @@ def assert_the_teacher_is_the_base_with_the_hint(tiny_model, samples) -> None:
     """A LoRA run's teacher scores on the serving engine with the adapter off: its log-probs are the base model's
     with the hint in the prompt (as exact as fp32 allows), while the same samples' rollout log-probs, sampled
     through a trained adapter, are far from the base's."""
+    hinted = [s for s in samples if s.hint and s.teacher_logprobs and s.adapter and min(s.versions) >= 1]
+    assert hinted, "no sample sampled through a trained adapter earned a hint"
+    for s, base64, fp32_gap in teacher_against_base_with_hint(tiny_model, hinted[:3]):
+        base_unhinted = logprobs_at(base64, s.tokens[:s.prompt_len], s.tokens[s.prompt_len:], s.temperature)
+        assert gap(s.rollout_logprobs, base_unhinted) > 100 * max(fp32_gap, 1e-7), (
+            "the adapter did not move the policy: this sample cannot tell the base from the adapter")
+
+
+def teacher_against_base_with_hint(tiny_model, hinted: list) -> list[tuple]:
+    """Assert each sample's teacher log-probs are the base model's with the hint in the prompt, as exact as fp32
+    allows (HF fp32 against fp64); returns (sample, the fp64 base, fp32's own gap) for further checks."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from clawr1.chat import ChatRenderer
@@ -94,13 +105,11 @@ def assert_the_teacher_is_the_base_with_the_hint(tiny_model, samples) -> None:
     renderer = ChatRenderer(AutoTokenizer.from_pretrained(tiny_model))
     base32, base64 = (AutoModelForCausalLM.from_pretrained(tiny_model, dtype=d).eval()
                       for d in (torch.float32, torch.float64))
-    hinted = [s for s in samples if s.hint and s.teacher_logprobs and s.adapter and min(s.versions) >= 1]
-    assert hinted, "no sample sampled through a trained adapter earned a hint"
-    for s in hinted[:3]:
+    checked = []
+    for s in hinted:
         prompt, response = s.tokens[:s.prompt_len], s.tokens[s.prompt_len:]
         teacher_prompt = renderer.with_hint(prompt, s.hint)
         honest, exact = (logprobs_at(m, teacher_prompt, response, s.teacher_temperature) for m in (base32, base64))
         assert_as_exact_as(s.teacher_logprobs, exact, honest, what="the teacher's log-probs against the base's")
-        base_unhinted = logprobs_at(base64, prompt, response, s.temperature)
-        assert gap(s.rollout_logprobs, base_unhinted) > 100 * max(gap(honest, exact), 1e-7), (
-            "the adapter did not move the policy: this sample cannot tell the base from the adapter")
+        checked.append((s, base64, gap(honest, exact)))
+    return checked

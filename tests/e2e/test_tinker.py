@@ -16,9 +16,8 @@ import pytest
 
 from clawr1.pool.store import read_samples
 from tests.conftest import REPO
-from tests.e2e.test_lora_users import logprobs_at
+from tests.e2e.test_lora_users import teacher_against_base_with_hint
 from tests.e2e.test_run import trainer_records
-from tests.numerics import assert_as_exact_as
 from tests.tinker_serve import tinker_serve
 
 tinker = pytest.importorskip("tinker", reason="needs the Tinker SDK (the `tinker` extra: scripts/setup.sh installs it)")
@@ -77,21 +76,10 @@ def test_the_combined_recipe_trains_through_tinker_serve_and_resumes(tiny_model,
     assert written == []  # no log, metric, config or sample holds the key
 
 
+
 def assert_the_teacher_is_the_base_model_with_the_hint(tiny_model: str, samples: list) -> None:
     """judge.teacher=frozen through Tinker is a sampling client of the base model: its log-probs of a hinted
     sample's response are the base model's with the hint in the prompt, as exact as fp32 allows."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from clawr1.chat import ChatRenderer
-
-    renderer = ChatRenderer(AutoTokenizer.from_pretrained(tiny_model))
-    base32, base64 = (AutoModelForCausalLM.from_pretrained(tiny_model, dtype=d).eval()
-                      for d in (torch.float32, torch.float64))
     hinted = [s for s in samples if s.hint and s.teacher_logprobs]
     assert hinted, "no sample earned a hint"
-    for s in hinted[:3]:
-        prompt, response = s.tokens[:s.prompt_len], s.tokens[s.prompt_len:]
-        teacher_prompt = renderer.with_hint(prompt, s.hint)
-        honest, exact = (logprobs_at(m, teacher_prompt, response, s.teacher_temperature) for m in (base32, base64))
-        assert_as_exact_as(s.teacher_logprobs, exact, honest, what="the teacher's log-probs against the base's")
+    teacher_against_base_with_hint(tiny_model, hinted[:3])
