@@ -194,9 +194,14 @@ class TinkerTrainer:
             log.info("done: %d steps, engine weight versions %s", self.step, versions)
         return 0
 
-    def close(self) -> None:
+    def close(self, status: str = "success") -> None:
+        """`status`: how the Tinker session ends (success, interrupted, errored); tinker-serve then frees its slot."""
         for closable in (self.pool, self.publisher, self.metrics):
             closable.close()
+        try:
+            self.service.close(status).result(self.timeout_s)
+        except Exception as e:  # the run is over either way; the service ends an idle session itself
+            log.warning("the Tinker session did not end cleanly: %s", e)
 
 
 def step_stats(plan, batch: Batch, datums: list[PlannedDatum], adv, out: Any, optim: Any, trained_at: int) -> dict:
@@ -233,12 +238,15 @@ def step_stats(plan, batch: Batch, datums: list[PlannedDatum], adv, out: Any, op
 
 def main(cfg: Config, stop) -> int:
     trainer = TinkerTrainer(cfg)
+    status = "errored"
     try:
         trainer.start()
         mark_ready(cfg, "trainer")
         log.info("trainer ready: Tinker at %s, %s LoRA rank %d, loss %s, step %d of %d",
                  cfg.tinker.base_url or "Tinker's service", trainer.base_model, cfg.tinker.lora_rank,
                  cfg.tinker.loss_fn, trainer.step, cfg.run.max_steps)
-        return trainer.run(stop)
+        code = trainer.run(stop)
+        status = "interrupted" if stop.is_set() else "success"
+        return code
     finally:
-        trainer.close()
+        trainer.close(status)
