@@ -72,8 +72,11 @@ def test_the_combined_recipe_trains_through_tinker_serve_and_resumes(served, tin
     paths = sampler_paths(run_dir)
     assert sorted(paths) == [0, 1, 2] and len(set(paths.values())) == 3
     service = tinker.ServiceClient(base_url=url, api_key=KEY)
-    probe = [service.create_sampling_client(model_path=paths[v]).compute_logprobs(
-        types.ModelInput.from_ints(PROBE)).result()[1:] for v in (0, 1, 2)]
+    try:
+        probe = [service.create_sampling_client(model_path=paths[v]).compute_logprobs(
+            types.ModelInput.from_ints(PROBE)).result()[1:] for v in (0, 1, 2)]
+    finally:
+        service.close("success").result(timeout=30)  # else its heartbeats outlive the server
     assert probe[0] != probe[1] != probe[2]
 
     checkpoints = json.loads((run_dir / "checkpoints" / "tinker.json").read_text())["checkpoints"]

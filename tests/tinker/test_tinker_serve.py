@@ -2,6 +2,7 @@
 clawr1's Megatron trainer and samples through clawr1's engine, with the adapter each save loads into it."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -73,7 +74,7 @@ def test_the_trainer_scores_what_the_engine_serves(served, tiny_model):
         assert_close(torch.tensor(served_logprobs), trained, torch.float32, 2 * forward_depth(tiny_model), scale,
                      "engine vs trainer")
     finally:
-        sc.close("success")
+        sc.close("success").result(timeout=30)
 
 
 @pytest.mark.parametrize("call, message", [
@@ -95,13 +96,17 @@ def test_a_call_the_server_cannot_do_fails_with_its_reason(served, call, message
         with pytest.raises(Exception, match=message):
             call(trainer)
     finally:
-        sc.close("success")
+        sc.close("success").result(timeout=30)
 
 
 def test_a_wrong_key_is_refused_and_the_key_is_written_nowhere(served):
     url, model_name, run_dir = served
     sc = service(url, key="tml-not-the-key")
-    with pytest.raises(Exception):
-        sc.create_lora_training_client(base_model=model_name, rank=8)
+    try:
+        with pytest.raises(Exception):
+            sc.create_lora_training_client(base_model=model_name, rank=8)
+    finally:
+        with contextlib.suppress(Exception):  # the server may refuse the key here too; its heartbeats stop either way
+            sc.close("errored").result(timeout=30)
     written = [p for p in run_dir.rglob("*") if p.is_file() and KEY.encode() in p.read_bytes()]
     assert not written
