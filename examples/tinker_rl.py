@@ -55,8 +55,8 @@ def main() -> None:
     args = parser.parse_args()
 
     service = tinker.ServiceClient(base_url=args.base_url)
-    trainer = service.create_lora_training_client(base_model=args.base_model, rank=args.rank)
-    sampler = trainer.save_weights_and_get_sampling_client()
+    trainer = service.create_lora_training_client(base_model=args.base_model, rank=args.rank).result()
+    sampler = trainer.save_weights_and_get_sampling_client().result()
     print(json.dumps({"step": 0, "probe_logprob": probe_logprob(sampler)}), flush=True)
     params = types.SamplingParams(max_tokens=6, temperature=1.0)
     for step in range(1, args.steps + 1):
@@ -71,10 +71,10 @@ def main() -> None:
         opt = trainer.optim_step(types.AdamParams(learning_rate=args.lr))
         loss = fwd.result().metrics["loss:sum"]
         opt.result()
-        sampler = trainer.save_weights_and_get_sampling_client()
+        sampler = trainer.save_weights_and_get_sampling_client().result()
         print(json.dumps({"step": step, "reward_mean": sum(rewards) / len(rewards), "loss": loss,
                           "probe_logprob": probe_logprob(sampler)}), flush=True)
-    service.close("success")
+    service.close("success").result()  # the session ends before the interpreter does (nothing left in flight)
 
 
 if __name__ == "__main__":
