@@ -43,6 +43,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -497,9 +498,17 @@ def describe_device(device: str) -> dict:
     return {"name": props.name, "memory_gb": round(props.total_memory / GIB, 1), "torch": torch.__version__}
 
 
+def portable(text: str, work: Path) -> str:
+    """`text` without this machine's paths (results are committed): the work directory, the repository and
+    Python's standard library become WORKDIR, the repository-relative path and PYTHON_LIB."""
+    for path, name in ((work, "WORKDIR"), (REPO, ""), (Path(sysconfig.get_paths()["stdlib"]), "PYTHON_LIB")):
+        text = text.replace(f"{path}/", f"{name}/" if name else "").replace(str(path), name or ".")
+    return text
+
+
 def emit(result: dict, run_dir: Path) -> None:
     """The JSON line on stdout; with OUT set, also OUT/gpu_loops.json and the last 256 KB of each loop's log."""
-    line = json.dumps(result, default=str)
+    line = portable(json.dumps(result, default=str), run_dir.parent)
     print(line, flush=True)
     out = os.environ.get("OUT")
     if out:
