@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clawr1.config import ModelConfig
+from clawr1.config import ModelConfig, TinkerConfig
 from clawr1.model_dir import ModelDirError, check_model_dir
 from clawr1.model_import import ModelImportError, get_model
 
@@ -32,6 +32,12 @@ def resolve_model_path(model_cfg: ModelConfig, weights: bool = True) -> Path:
     from clawr1.tinymodel.build import ensure_tiny_model
 
     return ensure_tiny_model(model_cfg.tiny, Path(model_cfg.cache_dir).expanduser())
+
+
+def tinker_base_model(tinker_cfg: TinkerConfig, model_dir: Path) -> str:
+    """The base model Tinker trains and samples: tinker.base_model, else the model directory's name (what
+    `clawr1 tinker-serve` calls its model)."""
+    return tinker_cfg.base_model or model_dir.name
 
 
 def engine_context(model_max: int, configured: int) -> int:

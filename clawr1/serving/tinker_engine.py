@@ -49,7 +49,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from clawr1.config import Config
 from clawr1.engine_api.versions import parse_version
 from clawr1.engine_api.client import TINKER_ENGINE
-from clawr1.model_path import load_tokenizer, read_model_facts, resolve_model_path
+from clawr1.model_path import load_tokenizer, read_model_facts, resolve_model_path, tinker_base_model
 from clawr1.serving.engine import GenerateRequest, RequestError, SamplingParams
 from clawr1.serving.server import error_response, parse_generate, read_json_body
 
@@ -429,24 +429,13 @@ def _config(model_dir: Path) -> dict:
 # `clawr1 serve` with serve.backend=tinker
 # ---------------------------------------------------------------------------------------------------------------
 
-def local_model_dir(cfg: Config) -> Path:
-    """The directory of the tokenizer and config.json: model.path (weights not needed), else the one the run
-    resolves (the tiny model when model.name is empty too)."""
-    return Path(cfg.model.path).expanduser() if cfg.model.path else resolve_model_path(cfg.model)
-
-
-def base_model_name(cfg: Config, model_dir: Path) -> str:
-    """tinker.base_model, else the model directory's name (what `clawr1 tinker-serve` calls its model)."""
-    return cfg.tinker.base_model or model_dir.name
-
-
 def serve_tinker(cfg: Config) -> int:
     """Start the base model's sampling client, then serve the engine API on serve.host:serve.port."""
     import tinker
 
     t = cfg.tinker
-    model_dir = local_model_dir(cfg)
-    base_model = base_model_name(cfg, model_dir)
+    model_dir = resolve_model_path(cfg.model, weights=False)  # its tokenizer and config.json only
+    base_model = tinker_base_model(t, model_dir)
     where = t.base_url or "Tinker's default service"
     log.info("engine API on %s in front of Tinker at %s: base model %s (tokenizer %s), weight version %d",
              cfg.engine_url, where, base_model, model_dir, cfg.serve.weight_version)

@@ -22,7 +22,7 @@ import orjson
 
 from clawr1 import bus
 from clawr1.config import Config
-from clawr1.model_path import resolve_model_path
+from clawr1.model_path import resolve_model_path, tinker_base_model
 from clawr1.protocol import Batch
 from clawr1.runtime import mark_ready, write_atomically
 from clawr1.tracking import MetricsWriter
@@ -37,13 +37,6 @@ log = logging.getLogger("clawr1.trainer")
 
 class TinkerSetupError(RuntimeError):
     """Tinker cannot be used as configured (no SDK, no key): the message says what to set."""
-
-
-def base_model_name(cfg: Config) -> str:
-    """tinker.base_model, or the name of model.path's directory (what `clawr1 tinker-serve` reports)."""
-    if cfg.tinker.base_model:
-        return cfg.tinker.base_model
-    return resolve_model_path(cfg.model, weights=False).name
 
 
 def service_client(cfg: Config) -> Any:
@@ -95,7 +88,7 @@ class TinkerTrainer:
         self.cfg = cfg
         self.timeout_s = cfg.tinker.request_timeout_s
         self.service = service_client(cfg)
-        self.base_model = base_model_name(cfg)
+        self.base_model = tinker_base_model(cfg.tinker, resolve_model_path(cfg.model, weights=False))
         self.pool = bus.RpcClient(cfg.pool_batches_addr, timeout_s=60.0)
         self.publisher = WeightPublisher(cfg, Path())  # no base weights here: the sink hands over Tinker paths
         self.metrics = MetricsWriter(cfg.run_dir, "trainer")
