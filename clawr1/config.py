@@ -14,6 +14,8 @@ import difflib
 import os
 import random
 import socket
+import tempfile
+import time
 import typing
 from pathlib import Path
 from typing import Any, Literal
@@ -959,10 +961,37 @@ def ephemeral_port_range() -> tuple[int, int]:
         return 32768, 60999
 
 
+PORT_PROMISE_S = 120.0  # how long a port given out stays promised to its taker, which binds it within seconds
+PORT_PROMISES = Path(tempfile.gettempdir()) / "clawr1-promised-ports"  # shared by every clawr1 process on the machine
+
+
+def promise_port(port: int, registry: Path | None = None) -> bool:
+    """Promise `port` to this caller unless another process was promised it in the last PORT_PROMISE_S seconds.
+
+    A port is checked free, then bound seconds later by the loop it was given to (after its imports): two runs
+    starting on one machine could be given the same port in between. The promises are files in `registry`
+    (PORT_PROMISES)."""
+    registry = registry or PORT_PROMISES
+    registry.mkdir(parents=True, exist_ok=True)
+    path = registry / str(port)
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        try:
+            if time.time() - path.stat().st_mtime < PORT_PROMISE_S:
+                return False
+            os.utime(path)  # an old promise: the port was bound and freed since, or never taken
+            return True
+        except FileNotFoundError:
+            return False
+
+
 def free_port(host: str = "127.0.0.1", avoid: typing.Collection[int] = ()) -> int:
     """A port free to listen on, below the ephemeral range where it can be: a port the kernel would give out
     (bind to 0) may be taken by any process's outgoing connection before the loop that was promised it binds it,
-    which failed runs with "address already in use". `avoid`: ports promised already (not yet bound)."""
+    which failed runs with "address already in use". `avoid`: ports promised already (not yet bound); ports
+    promised to other processes in the last minutes are skipped too (`promise_port`)."""
     low, _ = ephemeral_port_range()
     candidates = random.Random().sample(range(20000, low), min(64, max(low - 20000, 0)))
     for port in (p for p in candidates if p not in avoid):
@@ -971,6 +1000,7 @@ def free_port(host: str = "127.0.0.1", avoid: typing.Collection[int] = ()) -> in
                 s.bind((host, port))
             except OSError:
                 continue
+        if promise_port(port):
             return port
     with socket.socket() as s:  # no range below the ephemeral one (or all of it taken): the kernel's choice
         s.bind((host, 0))

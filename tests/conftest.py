@@ -86,9 +86,13 @@ def pid_alive(pid: int) -> bool:
 
 
 # The slowest modules first: pytest.ini runs two xdist workers, and a long module started last would leave the
-# other worker idle at the end (the live test alone takes about 3 minutes)
-SLOW_FIRST = ("tests/e2e/test_live.py", "tests/e2e/test_ray.py", "tests/trainer/test_resume.py", "tests/e2e/test_run.py",
-              "tests/gateway/test_ingest.py", "tests/gateway/test_routing.py", "tests/trainer/test_parallel.py")
+# other worker idle at the end. The order: CPU-seconds per module on a fresh clone's run, the longest first
+SLOW_FIRST = ("tests/e2e/test_real_model.py", "tests/e2e/test_live.py", "tests/e2e/test_own_model.py",
+              "tests/e2e/test_run.py", "tests/e2e/test_ray.py", "tests/trainer/test_resume.py",
+              "tests/e2e/test_chaos.py", "tests/e2e/test_tinker.py", "tests/gateway/test_ingest.py",
+              "tests/e2e/test_lora_users.py", "tests/benchmarks/test_gpu_loops.py", "tests/gateway/test_routing.py",
+              "tests/envs/test_gui_tasks.py", "tests/trainer/test_lora.py", "tests/trainer/test_parallel.py",
+              "tests/trainer/test_publish.py", "tests/e2e/test_swe.py", "tests/e2e/test_gui.py")
 
 
 def _slow_first(item) -> int:

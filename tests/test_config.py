@@ -1,5 +1,6 @@
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -169,6 +170,36 @@ def test_free_ports_are_distinct_listenable_and_below_the_ephemeral_range():
         assert free_port(avoid=[1]) != held.getsockname()[1]  # a port in use is skipped
     finally:
         held.close()
+
+
+def test_a_port_promised_to_another_process_is_not_given_out_again(tmp_path, monkeypatch):
+    """Two runs starting at once each check a port free before their loops bind it: a port given to one (here by
+    another process) is skipped by the other for PORT_PROMISE_S, and taken again after."""
+    import os
+    import socket
+
+    import clawr1.config as config
+
+    monkeypatch.setattr(config, "PORT_PROMISES", tmp_path)
+    with socket.socket() as a, socket.socket() as b:
+        a.bind(("127.0.0.1", 0))
+        b.bind(("127.0.0.1", 0))
+        first, second = a.getsockname()[1], b.getsockname()[1]
+    promised = subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from clawr1.config import "
+                               f"promise_port; sys.exit(0 if promise_port({first}, Path(sys.argv[1])) else 1)",
+                               str(tmp_path)], cwd=REPO)
+    assert promised.returncode == 0
+
+    class Candidates:  # free_port's random sample, in a known order
+        def sample(self, population, k):
+            return [first, second]
+
+    monkeypatch.setattr(config.random, "Random", Candidates)
+    assert config.free_port() == second  # the other process's promise is kept
+    assert not config.promise_port(second)  # and now this one's
+    old = time.time() - config.PORT_PROMISE_S - 1
+    os.utime(tmp_path / str(first), (old, old))
+    assert config.free_port() == first  # an old promise is given out again
 
 
 def test_a_bare_on_or_off_override_keeps_its_word():

@@ -10,6 +10,8 @@ tool-call paths testable with a model this small; it is a smoke-test model, not 
 """
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import shutil
 import sys
@@ -104,6 +106,33 @@ def build_family_model(family: str, out: Path, layers: int = 2, hidden: int = 64
     (out / "clawr1_family_build.json").write_text(json.dumps({"family": family, "layers": layers, "hidden": hidden,
                                                               "steps": steps, "seed": seed, "final_loss": loss}))
     return out
+
+
+def family_spec_hash(family: str, layers: int = 2, hidden: int = 64, steps: int = 200, seed: int = 0) -> str:
+    """What a build depends on: its settings, the family's tokenizer files and the examples it is taught."""
+    from transformers import AutoTokenizer
+
+    source = tokenizer_dir(family)
+    h = hashlib.sha256(json.dumps([family, layers, hidden, steps, seed, torch.__version__]).encode())
+    for name in FILES:
+        h.update((source / name).read_bytes())
+    renderer = ChatRenderer(AutoTokenizer.from_pretrained(source))
+    h.update(json.dumps(teaching_examples(renderer, family)).encode())
+    return h.hexdigest()[:12]
+
+
+def ensure_family_model(family: str, cache: Path, **settings: int) -> Path:
+    """The cached tiny `family` model, built first if needed (safe across processes, as the tiny model's cache)."""
+    cache.mkdir(parents=True, exist_ok=True)
+    final = cache / f"tiny-{family}-{family_spec_hash(family, **settings)}"
+    with open(cache / f"{final.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second builder waits, then finds the cache
+        if not (final / "clawr1_family_build.json").exists():
+            partial = cache / f"{final.name}.partial"
+            shutil.rmtree(partial, ignore_errors=True)
+            build_family_model(family, partial, **settings)
+            partial.rename(final)
+    return final
 
 
 def main() -> None:

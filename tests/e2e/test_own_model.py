@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -14,8 +15,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from clawr1.chat import ChatRenderer
-from clawr1.config import load_config
-from clawr1.tinymodel.family import TEACH_TOOLS, build_family_model
+from clawr1.config import ModelConfig, load_config
+from clawr1.tinymodel.family import TEACH_TOOLS, ensure_family_model
 from tests.conftest import FAMILIES
 from tests.e2e.test_live import LiveRun, client, steps
 from tests.numerics import assert_as_exact_as
@@ -26,8 +27,9 @@ QUESTION = [{"role": "user", "content": "What is 1 plus 2?"}]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
-def family_model(request, tmp_path_factory):
-    return request.param, build_family_model(request.param, tmp_path_factory.mktemp(request.param) / "model")
+def family_model(request):
+    """The tiny family model, built once into the model cache beside the tiny Qwen2 model."""
+    return request.param, ensure_family_model(request.param, Path(ModelConfig().cache_dir).expanduser())
 
 
 def reply_parts(c: openai.OpenAI, stream: bool, **kwargs) -> tuple[str, str, list[tuple[str, dict]], str]:

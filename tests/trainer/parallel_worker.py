@@ -1,7 +1,9 @@
-"""One rank of a TP/DP training step, for the parallelism tests: `python -m tests.trainer.parallel_worker`.
+"""One rank of TP/DP training steps, for the parallelism tests: `python -m tests.trainer.parallel_worker JOBS TP`.
 
-Reads samples, takes one optimizer step and (on rank 0) saves the loss, the
-global grad norm, and the full gradients and weights in HF naming.
+JOBS is a JSON file of jobs, each {"model", "samples", "out", "algo"}. For each, the rank builds a fresh policy,
+reads the samples, takes one optimizer step and (on rank 0) saves the loss, the global grad norm, and the full
+gradients and weights in HF naming. One process group takes every job: the tests share its start (torch and
+megatron's imports, the rendezvous).
 """
 from __future__ import annotations
 
@@ -32,9 +34,16 @@ def gather_hf(policy, tensors: dict) -> dict | None:
     return megatron_to_hf(shards, policy.arch) if dist.get_rank() == 0 else None
 
 
-def main(model: str, samples_path: str, out: str, tp: int, algo_overrides: dict) -> None:
+def main(jobs_path: str, tp: int) -> None:
     torch.set_num_threads(1)
     par = init_parallel(tp=tp, seed=0)
+    for job in json.loads(Path(jobs_path).read_text()):
+        torch.manual_seed(0)
+        step(par, job["model"], job["samples"], job["out"], tp, job["algo"])
+    dist.destroy_process_group()
+
+
+def step(par, model: str, samples_path: str, out: str, tp: int, algo_overrides: dict) -> None:
     policy = build_policy(model, tp, par.tp_rank)
     samples = msgspec.msgpack.decode(Path(samples_path).read_bytes(), type=list[Sample])
     # a large eps keeps the first Adam update a smooth function of the gradient (not ~sign(g)), so
@@ -57,8 +66,7 @@ def main(model: str, samples_path: str, out: str, tp: int, algo_overrides: dict)
         torch.save({"loss": stats["pg_loss"], "grad_norm": stats["grad_norm"], "grads": grads, "weights": weights,
                     "stats": stats}, out)
     dist.barrier()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), json.loads(sys.argv[5]) if len(sys.argv) > 5 else {})
+    main(sys.argv[1], int(sys.argv[2]))

@@ -7,6 +7,8 @@ import os
 import random
 import subprocess
 import sys
+import typing
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -38,12 +40,11 @@ def synthetic_samples(n: int = 12, vocab: int = 1000, seed: int = 0, topk: int =
     return out
 
 
-def run_ranks(tiny_model, samples_path, out, world: int, tp: int, worker: str = "tests.trainer.parallel_worker",
-              **algo) -> dict:
+def rank_processes(args: list[str], world: int, worker: str) -> None:
+    """`world` ranks of `python -m worker ARGS` under one rendezvous; each must exit 0."""
     port = str(free_port())
     procs = [subprocess.Popen(
-        [sys.executable, "-m", worker, str(tiny_model), str(samples_path), str(out), str(tp),
-         json.dumps(algo)],
+        [sys.executable, "-m", worker, *args],
         cwd=REPO, env={**os.environ, "RANK": str(r), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
                        "MASTER_PORT": port}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for r in range(world)]
@@ -56,15 +57,68 @@ def run_ranks(tiny_model, samples_path, out, world: int, tp: int, worker: str = 
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def run_ranks(tiny_model, samples_path, out, world: int, tp: int, worker: str, **options) -> dict:
+    """One step of `worker` (MODEL SAMPLES OUT TP OPTIONS_JSON) on `world` ranks: rank 0's saved result."""
+    rank_processes([str(tiny_model), str(samples_path), str(out), str(tp), json.dumps(options)], world, worker)
     return torch.load(out, weights_only=False)
 
 
+class Job(typing.NamedTuple):
+    """One training step the parallelism tests compare: its model, its samples and its algo overrides."""
+    model: Path
+    samples: Path
+    algo: dict
+
+
+def run_jobs(jobs: dict[str, Job], out_dir: Path, world: int, tp: int) -> dict[str, dict]:
+    """Every job's step in one process group of `world` ranks (tests.trainer.parallel_worker): rank 0's results."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spec = [{"model": str(j.model), "samples": str(j.samples), "out": str(out_dir / f"{name}.pt"), "algo": j.algo}
+            for name, j in jobs.items()]
+    (out_dir / "jobs.json").write_text(json.dumps(spec))
+    rank_processes([str(out_dir / "jobs.json"), str(tp)], world, "tests.trainer.parallel_worker")
+    return {name: torch.load(out_dir / f"{name}.pt", weights_only=False) for name in jobs}
+
+
+def write_samples(path: Path, samples: list[Sample]) -> Path:
+    path.write_bytes(msgspec.msgpack.encode(samples))
+    return path
+
+
+def top_k_on_one_rank_only() -> list[Sample]:
+    """The longest sample (with a top-k teacher) goes to rank 0, the other (without) to rank 1."""
+    long, short = synthetic_samples(n=4, seed=7, topk=4)[1], synthetic_samples(n=4, seed=8, topk=0)[0]
+    long.tokens, long.loss_mask = long.tokens * 3, long.loss_mask  # longer: keeps the same response
+    long.prompt_len = len(long.tokens) - len(long.loss_mask)
+    assert long.teacher_topk_ids and not short.teacher_topk_ids and len(long.tokens) > len(short.tokens)
+    return [long, short]
+
+
 @pytest.fixture(scope="module")
-def single(tiny_model, tmp_path_factory):
+def steps(tiny_model, tmp_path_factory) -> dict[str, dict]:
+    """Every job's step in one process (`single`), and under DP=2 (`dp2`) and TP=2 (`tp2`) where a test asks for
+    them: three process groups for the module, not three per test. `jobs` are the jobs."""
+    from tests.trainer.families import save_random_model
+
     d = tmp_path_factory.mktemp("parallel")
-    path = d / "samples.bin"
-    path.write_bytes(msgspec.msgpack.encode(synthetic_samples()))
-    return path, run_ranks(tiny_model, path, d / "tp1.pt", world=1, tp=1)
+    odd_vocab = save_random_model("qwen2-tied", d / "odd-vocab", vocab_size=251)
+    jobs = {
+        "every_objective": Job(tiny_model, write_samples(d / "every.bin", synthetic_samples()), {}),
+        "minibatches_epochs": Job(tiny_model, write_samples(d / "mb.bin", synthetic_samples(seed=5)),
+                                  {"minibatches": 2, "ppo_epochs": 2}),
+        "top_k_one_rank": Job(tiny_model, write_samples(d / "topk.bin", top_k_on_one_rank_only()), {}),
+        "empty_rank": Job(tiny_model, write_samples(d / "empty.bin", synthetic_samples(n=4, seed=9)[1:2]),
+                          {"dual_clip": 0.0}),
+        "odd_vocab": Job(odd_vocab, write_samples(d / "odd.bin", synthetic_samples(n=6, vocab=250, seed=11, topk=0)),
+                         {"w_topk": 0.0, "entropy_coef": 0.05}),
+    }
+    under_dp = ("every_objective", "minibatches_epochs", "top_k_one_rank", "empty_rank")
+    under_tp = ("every_objective", "odd_vocab")
+    return {"jobs": jobs, "single": run_jobs(jobs, d / "single", world=1, tp=1),
+            "dp2": run_jobs({k: jobs[k] for k in under_dp}, d / "dp2", world=2, tp=1),
+            "tp2": run_jobs({k: jobs[k] for k in under_tp}, d / "tp2", world=2, tp=2)}
 
 
 def largest(tensors: dict) -> float:
@@ -98,63 +152,39 @@ def assert_same_weights(a: dict, b: dict, grads: dict, depth: int, slope: float,
     assert worst <= bound, f"{what}: gap {worst:.4g} > {bound:.4g}"
 
 
-def test_tensor_parallel_2_matches_one_process(tiny_model, single, tmp_path):
-    path, reference = single
-    assert_same_step(reference, run_ranks(tiny_model, path, tmp_path / "tp2.pt", world=2, tp=2), tiny_model)
+def test_tensor_parallel_2_matches_one_process(tiny_model, steps):
+    assert_same_step(steps["single"]["every_objective"], steps["tp2"]["every_objective"], tiny_model)
 
 
-def test_data_parallel_2_matches_one_process(tiny_model, single, tmp_path):
-    path, reference = single
-    assert_same_step(reference, run_ranks(tiny_model, path, tmp_path / "dp2.pt", world=2, tp=1), tiny_model)
+def test_data_parallel_2_matches_one_process(tiny_model, steps):
+    assert_same_step(steps["single"]["every_objective"], steps["dp2"]["every_objective"], tiny_model)
 
 
-def write_samples(path, samples: list[Sample]):
-    path.write_bytes(msgspec.msgpack.encode(samples))
-    return path
-
-
-def test_data_parallel_with_minibatches_and_epochs_matches_one_process(tiny_model, tmp_path):
+def test_data_parallel_with_minibatches_and_epochs_matches_one_process(tiny_model, steps):
     """Old log-probs are computed for exactly the samples each rank trains on (was a KeyError)."""
-    path = write_samples(tmp_path / "s.bin", synthetic_samples(seed=5))
-    algo = {"minibatches": 2, "ppo_epochs": 2}
-    reference = run_ranks(tiny_model, path, tmp_path / "dp1.pt", world=1, tp=1, **algo)
-    parallel = run_ranks(tiny_model, path, tmp_path / "dp2.pt", world=2, tp=1, **algo)
-    assert_same_step(reference, parallel, tiny_model, steps=algo["minibatches"] * algo["ppo_epochs"])
+    assert_same_step(steps["single"]["minibatches_epochs"], steps["dp2"]["minibatches_epochs"], tiny_model,
+                     steps=2 * 2)  # minibatches x ppo_epochs
 
 
-def test_data_parallel_metrics_with_top_k_on_one_rank_only(tiny_model, tmp_path):
-    """The longest sample (with a top-k teacher) goes to rank 0, the other (without) to rank 1."""
-    long, short = synthetic_samples(n=4, seed=7, topk=4)[1], synthetic_samples(n=4, seed=8, topk=0)[0]
-    long.tokens, long.loss_mask = long.tokens * 3, long.loss_mask  # longer: keeps the same response
-    long.prompt_len = len(long.tokens) - len(long.loss_mask)
-    assert long.teacher_topk_ids and not short.teacher_topk_ids and len(long.tokens) > len(short.tokens)
-    path = write_samples(tmp_path / "s.bin", [long, short])
-    reference = run_ranks(tiny_model, path, tmp_path / "dp1.pt", world=1, tp=1)
-    parallel = run_ranks(tiny_model, path, tmp_path / "dp2.pt", world=2, tp=1)
+def test_data_parallel_metrics_with_top_k_on_one_rank_only(tiny_model, steps):
+    reference, parallel = steps["single"]["top_k_one_rank"], steps["dp2"]["top_k_one_rank"]
     assert_same_step(reference, parallel, tiny_model)
     # the top-k KL: log-softmax over the vocabulary, then a sum over k and the tokens: two reductions more
     assert_close(parallel["stats"]["topk_kl"], reference["stats"]["topk_kl"], torch.float32, forward_depth(tiny_model) + 2)
     assert parallel["stats"]["topk_kl"] > 0
 
 
-def test_data_parallel_with_an_empty_rank(tiny_model, tmp_path):
-    path = write_samples(tmp_path / "s.bin", synthetic_samples(n=4, seed=9)[1:2])
-    reference = run_ranks(tiny_model, path, tmp_path / "dp1.pt", world=1, tp=1, dual_clip=0.0)
-    parallel = run_ranks(tiny_model, path, tmp_path / "dp2.pt", world=2, tp=1, dual_clip=0.0)
+def test_data_parallel_with_an_empty_rank(tiny_model, steps):
+    reference, parallel = steps["single"]["empty_rank"], steps["dp2"]["empty_rank"]
     assert parallel["stats"]["samples"] == 1
     assert_same_step(reference, parallel, tiny_model)
 
 
-def test_entropy_is_finite_under_tensor_parallelism_with_a_padded_vocabulary(tmp_path):
+def test_entropy_is_finite_under_tensor_parallelism_with_a_padded_vocabulary(steps):
     """A vocabulary of 251 split over 2 ranks gets one padding column: entropy and its gradient stay finite."""
-    from tests.trainer.families import save_random_model
-
-    model = save_random_model("qwen2-tied", tmp_path / "odd-vocab", vocab_size=251)
+    reference, sharded = steps["single"]["odd_vocab"], steps["tp2"]["odd_vocab"]
+    model = steps["jobs"]["odd_vocab"].model
     assert json.loads((model / "config.json").read_text())["vocab_size"] % 2 == 1
-    path = write_samples(tmp_path / "s.bin", synthetic_samples(n=6, vocab=250, seed=11, topk=0))
-    algo = {"w_topk": 0.0, "entropy_coef": 0.05}
-    reference = run_ranks(model, path, tmp_path / "tp1.pt", world=1, tp=1, **algo)
-    sharded = run_ranks(model, path, tmp_path / "tp2.pt", world=2, tp=2, **algo)
     assert math.isfinite(sharded["stats"]["entropy"]) and sharded["stats"]["entropy"] > 0
     # entropy: a sum over the vocabulary (split over the ranks under TP), then a mean over the tokens
     assert_close(sharded["stats"]["entropy"], reference["stats"]["entropy"], torch.float32, forward_depth(model) + 2)
