@@ -155,3 +155,12 @@ def test_only_the_chat_module_spells_chatml():
     spelled = [str(p.relative_to(REPO)) for p in sources
                if p != REPO / "clawr1" / "tinymodel" / "chatml.py" and any(m in p.read_text(errors="replace") for m in markers)]
     assert len(sources) > 50 and not spelled, f"ChatML written outside clawr1/tinymodel/chatml.py: {spelled}"
+
+
+def test_the_slow_first_order_names_modules_that_exist():
+    """tests/conftest.py's SLOW_FIRST starts the slowest modules first (pytest.ini keeps xdist from reordering
+    them): a renamed module would silently fall back to the end."""
+    from tests.conftest import SLOW_FIRST
+
+    assert len(set(SLOW_FIRST)) == len(SLOW_FIRST)
+    assert [m for m in SLOW_FIRST if not (REPO / m).is_file()] == []
