@@ -971,9 +971,11 @@ def promise_port(port: int, registry: Path | None = None) -> bool:
     A port is checked free, then bound seconds later by the loop it was given to (after its imports): two runs
     starting on one machine could be given the same port in between. The promises are files in `registry`
     (PORT_PROMISES)."""
-    registry = registry or PORT_PROMISES
-    registry.mkdir(parents=True, exist_ok=True)
-    path = registry / str(port)
+    path = (registry or PORT_PROMISES) / str(port)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:  # no registry here (a read-only directory, a file in its place): the port, unpromised, as before
+        return True
     try:
         os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         return True
@@ -985,6 +987,10 @@ def promise_port(port: int, registry: Path | None = None) -> bool:
             return True
         except FileNotFoundError:
             return False
+        except OSError:  # another user's promise we may not renew: leave the port to them
+            return False
+    except OSError:  # another user's directory: the port, unpromised, as before
+        return True
 
 
 def free_port(host: str = "127.0.0.1", avoid: typing.Collection[int] = ()) -> int:

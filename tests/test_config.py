@@ -200,6 +200,10 @@ def test_a_port_promised_to_another_process_is_not_given_out_again(tmp_path, mon
     old = time.time() - config.PORT_PROMISE_S - 1
     os.utime(tmp_path / str(first), (old, old))
     assert config.free_port() == first  # an old promise is given out again
+    not_a_directory = tmp_path / "file"
+    not_a_directory.write_text("")
+    monkeypatch.setattr(config, "PORT_PROMISES", not_a_directory)
+    assert config.free_port() == first  # no registry to be had: a free port all the same, unpromised
 
 
 def test_a_bare_on_or_off_override_keeps_its_word():
