@@ -985,9 +985,7 @@ def promise_port(port: int, registry: Path | None = None) -> bool:
                 return False
             os.utime(path)  # an old promise: the port was bound and freed since, or never taken
             return True
-        except FileNotFoundError:
-            return False
-        except OSError:  # another user's promise we may not renew: leave the port to them
+        except OSError:  # gone meanwhile (another took it), or another user's we may not renew: leave it to them
             return False
     except OSError:  # another user's directory: the port, unpromised, as before
         return True

@@ -280,23 +280,31 @@ def _check_reference(spec: str, built: dict) -> None:
              f"{built['torch']}): the results in docs/ are the reference build's")
 
 
+def build_once(final: Path, marker: str, build: Callable[[Path], None]) -> Path:
+    """`final`, made by `build(partial_dir)` unless `final / marker` exists already; safe across processes (a second
+    builder waits on the lock, then finds it), and a build that dies leaves only its partial directory."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with open(final.parent / f"{final.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (final / marker).exists():
+            partial = final.parent / f"{final.name}.partial"
+            shutil.rmtree(partial, ignore_errors=True)
+            build(partial)
+            partial.rename(final)
+    return final
+
+
 def ensure_tiny_model(cfg: TinyModelConfig, cache: Path) -> Path:
     """Path of the cached tiny model, building it first if needed (safe across processes)."""
-    cache.mkdir(parents=True, exist_ok=True)
     spec = spec_hash(cfg, load_object(cfg.warm_start, "model.tiny.warm_start"))
     final = cache / f"tiny-qwen2-{spec}"
-    with open(cache / f"{final.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a second builder waits, then finds the cache
-        if (final / "config.json").exists():
-            return final
-        tmp = cache / f"{final.name}.partial"
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    def build(partial: Path) -> None:
         t0 = time.time()
-        built = build_in_pinned_process(cfg, tmp)
-        _check_reference(spec, built)
-        tmp.rename(final)
+        _check_reference(spec, build_in_pinned_process(cfg, partial))
         _log(f"built {final} in {time.time() - t0:.0f}s")
-    return final
+
+    return build_once(final, "config.json", build)
 
 
 def main(argv: list[str]) -> int:

@@ -10,7 +10,6 @@ tool-call paths testable with a model this small; it is a smoke-test model, not 
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import shutil
@@ -20,6 +19,7 @@ from pathlib import Path
 import torch
 
 from clawr1.chat import ChatRenderer
+from clawr1.tinymodel.build import build_once
 from clawr1.tokenizer_packages import FILES, tokenizer_dir
 
 TEACH_TOOLS = [{"type": "function", "function": {
@@ -123,16 +123,8 @@ def family_spec_hash(family: str, layers: int = 2, hidden: int = 64, steps: int 
 
 def ensure_family_model(family: str, cache: Path, **settings: int) -> Path:
     """The cached tiny `family` model, built first if needed (safe across processes, as the tiny model's cache)."""
-    cache.mkdir(parents=True, exist_ok=True)
     final = cache / f"tiny-{family}-{family_spec_hash(family, **settings)}"
-    with open(cache / f"{final.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a second builder waits, then finds the cache
-        if not (final / "clawr1_family_build.json").exists():
-            partial = cache / f"{final.name}.partial"
-            shutil.rmtree(partial, ignore_errors=True)
-            build_family_model(family, partial, **settings)
-            partial.rename(final)
-    return final
+    return build_once(final, "clawr1_family_build.json", lambda partial: build_family_model(family, partial, **settings))
 
 
 def main() -> None:
