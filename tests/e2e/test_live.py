@@ -23,7 +23,12 @@ from tests.conftest import REPO, pid_alive
 from tests.e2e.test_run import descendants, trainer_records
 
 pytestmark = pytest.mark.slow
-TRAIN_STEPS = 150  # the issue's ~150 steps; at the live recipe's lr 1e-4 one run scored 0.00 -> 0.92 after 153 steps
+# The held-out score is looked at twice: after 50 steps and, only if the rise is not yet significant there, after 150.
+# Each look has its own one-sided level and the levels add up to 1% (Bonferroni), so a run that learned nothing
+# passes with a chance of at most 1%, as with one look at 150 steps. Builds differ in how fast they learn (the AMD
+# reference build: 0.02 -> 0.24 at step 62, 0.63 at step 152; Intel-built models reached 0.19 and 0.33 at 150), so
+# a build that learns fast stops at 50 and a slow one still gets its 150 steps.
+LOOKS = ((50, 0.002), (150, 0.008))  # (trained steps, one-sided level of the exact test)
 
 
 class LiveRun:
@@ -117,17 +122,19 @@ def test_live_run_learns_from_an_external_client_stops_and_resumes(tiny_model, t
         first_ready = next(l for l in run.lines if l.startswith("[run] ready"))
         assert first_ready.rstrip().endswith(f"OpenAI base URL {url}")  # the URL is the first ready line
         before = evaluate(url)
-        train_until(url, run_dir, TRAIN_STEPS, timeout=900)
-        after = evaluate(url)
-        print(f"held-out personalization score: {before['personalization_score']} -> {after['personalization_score']} "
-              f"after {steps(run_dir)} steps")
-        progress = "".join(l for l in run.lines[-400:] if l.startswith("[train]"))  # read as it came, for the failure
-        # the rise must be real, not sampling noise: a one-sided exact test at 1%. Builds differ in how far they get
-        # (the AMD reference build went 0.00 -> 0.92 on 64 answers, Intel-built models 0.00 -> 0.19 and 0.33), so
-        # the bar is significance, not one build's number.
-        hits = [round(r["personalization_score"] * HELD_OUT) for r in (before, after)]
-        assert hits[1] > hits[0] and rise_p_value(*hits, HELD_OUT) < 0.01, \
-            f"before {before}\nafter {after}\n{progress[-3000:]}"
+        # the rise must be real, not sampling noise: the bar is significance (LOOKS), not one build's number
+        for target, level in LOOKS:
+            train_until(url, run_dir, target, timeout=900)
+            after = evaluate(url)
+            hits = [round(r["personalization_score"] * HELD_OUT) for r in (before, after)]
+            p_value = rise_p_value(*hits, HELD_OUT)
+            print(f"held-out personalization score: {before['personalization_score']} -> "
+                  f"{after['personalization_score']} after {steps(run_dir)} steps (p = {p_value:.2g}, bar {level})")
+            if hits[1] > hits[0] and p_value < level:
+                break
+        else:
+            progress = "".join(l for l in run.lines[-400:] if l.startswith("[train]"))  # read as it came
+            raise AssertionError(f"no significant rise at any look: before {before}\nafter {after}\n{progress[-3000:]}")
         children = descendants(run.proc.pid)
         code, out = run.interrupt()
         assert code == 130, out[-3000:]
@@ -151,3 +158,12 @@ def test_live_run_learns_from_an_external_client_stops_and_resumes(tiny_model, t
         assert code == 130 and steps(run_dir) >= last + 2
     finally:
         resumed.kill()
+
+
+def test_the_looks_spend_one_percent_in_all_and_the_test_is_fishers_exact_one():
+    """Two looks at levels that add up to 1%: a run that learned nothing passes either with a chance of at most 1%."""
+    assert [t for t, _ in LOOKS] == sorted({t for t, _ in LOOKS}) and sum(level for _, level in LOOKS) <= 0.01
+    # by hand, two samples of 4 with 4 hits pooled: C(8,4) = 70 splits
+    assert rise_p_value(0, 4, 4) == 1 / 70  # all 4 in the second sample: C(4,0) C(4,4)
+    assert rise_p_value(2, 2, 4) == 53 / 70  # 2, 3 or 4 in the second: 36 + 16 + 1
+    assert rise_p_value(4, 0, 4) == 1.0
