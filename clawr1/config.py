@@ -70,6 +70,10 @@ class RunConfig(Section):
                                          "within run.restart_window_s; one more stops the run.")
     restart_window_s: PositiveFloat = Field(600.0, description="The window over which run.max_restarts counts one "
                                             "loop's failures.")
+    cpu_bf16: typing.Annotated[Literal["auto", "on", "off"], SwitchWord] = Field(
+        "auto", description="bf16 on CPU (trainer.precision=bf16, serve.dtype=bfloat16): auto, in bf16 where the CPU "
+        "has bf16 instructions (avx512_bf16 or AMX) and in fp32 elsewhere, saying why in one line (torch emulates "
+        "bf16 products without them, slower than fp32); on: bf16 on any CPU; off: fp32 (clawr1/cpu_dtype.py).")
 
 
 class TinyModelConfig(Section):
@@ -189,8 +193,13 @@ class ServeConfig(Section):
         0, description="The KV pool in tokens (SGLang's --max-total-tokens): requests are admitted while their prompt "
         "+ max_tokens fit and wait otherwise; 0: what the budget leaves, at most max_running_requests whole "
         "contexts.")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="The embedded engine's weights "
-                                                             "and KV cache dtype.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="The embedded engine's weights and KV cache dtype; bfloat16 on CPU follows "
+        "run.cpu_bf16.")
+    cpu_prepack: bool = Field(
+        True, description="The embedded engine on CPU in float32: its linear layers compute through a copy of their "
+        "weights packed for oneDNN, 1.7-2.7x faster at decode's few rows (clawr1/serving/packed_linear.py); the copy "
+        "doubles the weights' memory.")
     device: Literal["cpu", "cuda"] = Field(
         "cpu", description="The embedded engine's device. cuda: weights and KV cache in GPU memory (use dtype "
         "bfloat16), the budget above is GPU memory; with the trainer on the same GPU each engine takes its budget "
@@ -429,7 +438,10 @@ class TrainerConfig(Section):
     tensor_parallel: PositiveInt = Field(1, description="Tensor-parallel size (Megatron).")
     data_parallel: PositiveInt = Field(1, description="Data-parallel ranks; with a cluster section `clawr1 run` "
                                        "derives it (actor GPUs / tensor_parallel).")
-    precision: Literal["fp32", "bf16"] = Field("fp32", description="Training precision; bf16 needs CUDA.")
+    precision: Literal["fp32", "bf16"] = Field(
+        "fp32", description="Training precision. bf16 on CUDA: mixed precision (fp32 master weights in the optimizer); "
+        "on CPU: LoRA only, a frozen bf16 base under fp32 adapters, their gradients and AdamW (run.cpu_bf16 says "
+        "where the CPU runs it in bf16).")
     transformer_engine: typing.Annotated[Literal["auto", "on", "off"], SwitchWord] = Field(
         "auto", description="Use Transformer Engine layers; auto: when CUDA and TE are present.")
     host: str = Field("127.0.0.1", description="The address the trainer publishes weight versions on.")

@@ -16,7 +16,7 @@ from tests.conftest import REPO
 LOOPS = ("gateway", "serving", "rollout", "judge", "pool", "trainer")
 GROUND_FLOOR = ("protocol", "bus", "config", "chat", "engine_api", "runtime", "tracking", "algo", "model_path",
                 "environment", "record_log", "chat_client", "tinymodel", "tokenizer_packages", "model_import",
-                "model_dir")
+                "model_dir", "cpu_dtype")
 WITHOUT_CYCLES = ("clawr1", "envs", "benchmarks")
 
 

@@ -46,6 +46,7 @@ import torch
 
 from clawr1.serving.adapters import Adapter, AdapterBank, AdapterError, build_adapter
 from clawr1.serving.model_runner import ModelRunner
+from clawr1.serving.packed_linear import pack_linears
 
 log = logging.getLogger("clawr1.engine")
 
@@ -144,7 +145,7 @@ class Engine:
 
     def __init__(self, model_path: str | Path, dtype: str = "float32", max_running: int = 32,
                  weight_version: int = 0, max_context: Optional[int] = None, max_loras: int = 0, max_lora_rank: int = 64,
-                 device: str = "cpu", max_total_tokens: Optional[int] = None):
+                 device: str = "cpu", max_total_tokens: Optional[int] = None, prepack: bool = False):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if max_loras and device != "cpu":
@@ -154,6 +155,8 @@ class Engine:
         self.model_path = str(model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=getattr(torch, dtype)).to(self.device)
+        if prepack:  # serve.cpu_prepack (before the adapter hooks: they see the same module call)
+            pack_linears(model)
         self.model = model
         self.max_running = max_running
         self.max_context = max_context or getattr(model.config, "max_position_embeddings", 4096)

@@ -9,10 +9,12 @@ import uvicorn
 
 from clawr1.cluster import is_partitioned
 from clawr1.config import Config
+from clawr1.cpu_dtype import cpu_dtype
 from clawr1.runtime import freeze_startup_objects, setup_logging
 from clawr1.engine_api.lora import adapter_name, read_current
 from clawr1.serving.adapters import AdapterError, read_peft_dir
 from clawr1.serving.engine import Engine, RequestError
+from clawr1.serving.packed_linear import prepacked_dtype_ok
 from clawr1.serving.memory import (GIB, EngineMemoryError, EnginePlan, check_colocation, plan_engine, size_pool,
                                    trainer_bytes)
 from clawr1.serving.server import create_app
@@ -62,6 +64,16 @@ def check_memory(cfg: Config, path: Path, plan: EnginePlan) -> EnginePlan:
     return plan
 
 
+def engine_dtype(cfg: Config) -> str:
+    """serve.dtype, but float32 where bfloat16 on this CPU falls back (run.cpu_bf16), saying why."""
+    if cfg.serve.dtype != "bfloat16" or cfg.serve.device != "cpu":
+        return cfg.serve.dtype
+    dtype, why = cpu_dtype(torch.bfloat16, cfg.run.cpu_bf16)
+    if why:
+        log.warning("engine: %s", why)
+    return "bfloat16" if dtype == torch.bfloat16 else "float32"
+
+
 def main(cfg: Config) -> int:
     setup_logging("serve")
     if cfg.serve.backend == "tinker":  # before the weights are looked for: a Tinker run's model.path needs none
@@ -75,15 +87,17 @@ def main(cfg: Config) -> int:
         return serve_sglang(cfg, str(path))
     torch.set_num_threads(cfg.serve.num_threads)
     s = cfg.serve
-    plan = plan_engine(path, s.dtype, s.max_running_requests, s.context_length)
+    dtype = engine_dtype(cfg)
+    prepack = s.cpu_prepack and prepacked_dtype_ok(getattr(torch, dtype), torch.device(s.device))
+    plan = plan_engine(path, dtype, s.max_running_requests, s.context_length, prepacked=prepack)
     try:
         plan = check_memory(cfg, path, plan)
     except EngineMemoryError as e:
         log.error("%s", e)
         return 2
-    engine = Engine(path, dtype=s.dtype, max_running=s.max_running_requests, max_context=plan.context,
+    engine = Engine(path, dtype=dtype, max_running=s.max_running_requests, max_context=plan.context,
                     weight_version=s.weight_version, max_loras=s.max_loras, max_lora_rank=s.max_lora_rank,
-                    device=s.device, max_total_tokens=plan.pool_tokens)
+                    device=s.device, max_total_tokens=plan.pool_tokens, prepack=prepack)
     log.info("engine on %s serving %s on %s (up to %d requests of up to %d tokens; weights %.2f GiB + a KV pool of "
              "%d tokens, %.2f GiB)", cfg.engine_url, path, s.device, plan.slots, plan.context,
              plan.weights_bytes / GIB, plan.pool_tokens, plan.kv_cache_bytes / GIB)

@@ -64,9 +64,10 @@ def parameter_count(model_dir: Path) -> int:
     return total
 
 
-def plan_engine(model_dir: Path, dtype: str, slots: int, context_length: int, pool_tokens: int = 0) -> EnginePlan:
+def plan_engine(model_dir: Path, dtype: str, slots: int, context_length: int, pool_tokens: int = 0,
+                prepacked: bool = False) -> EnginePlan:
     """The engine's plan with a pool of `pool_tokens` (0: every slot's whole context; `size_pool` fits it to a
-    budget)."""
+    budget); `prepacked`: the weights are held twice (serve.cpu_prepack)."""
     config = json.loads((model_dir / "config.json").read_text())
     config = config.get("text_config", config)
     heads = config["num_attention_heads"]
@@ -75,7 +76,8 @@ def plan_engine(model_dir: Path, dtype: str, slots: int, context_length: int, po
     context = engine_context(config.get("max_position_embeddings", 0), context_length)
     width = DTYPE_BYTES[dtype]
     token_bytes = 2 * config["num_hidden_layers"] * kv_heads * head_dim * width
-    return EnginePlan(context, slots, parameter_count(model_dir) * width, token_bytes, pool_tokens or slots * context)
+    weights = parameter_count(model_dir) * width * (2 if prepacked else 1)
+    return EnginePlan(context, slots, weights, token_bytes, pool_tokens or slots * context)
 
 
 def available_bytes(device: str = "cpu") -> int:

@@ -25,13 +25,13 @@ def _sum(t: Tensor, group) -> Tensor:
 
 
 def vocab_parallel_logprob_entropy(logits: Tensor, ids: Tensor, vocab_start: int,
-                                   group=None) -> tuple[Tensor, Tensor]:
+                                   group=None, padded: bool = True) -> tuple[Tensor, Tensor]:
     """log p of the given token ids, and the entropy, for each row.
 
     `logits` [n, V_shard] hold vocab ids vocab_start.. of this rank (columns that pad
     the vocabulary hold -inf); `ids` [n, m] are full-vocabulary ids (the sampled
     token, then any others such as the teacher's top k): one gather for all of
-    them. Returns ([n, m], [n]).
+    them. Returns ([n, m], [n]). `padded=False` promises no -inf column (their masking is skipped).
     """
     row_max = logits.detach().max(dim=-1, keepdim=True).values
     if group is not None:
@@ -45,7 +45,7 @@ def vocab_parallel_logprob_entropy(logits: Tensor, ids: Tensor, vocab_start: int
     picked = shifted.gather(1, local.clamp(0, logits.shape[-1] - 1)) * mine
     logp = _sum(picked, group) - log_z[:, None]
     # padding columns are exp 0 and shifted -inf, and 0 * -inf is NaN: they add nothing to the entropy
-    finite = torch.where(torch.isfinite(shifted), shifted, torch.zeros_like(shifted))
+    finite = torch.where(torch.isfinite(shifted), shifted, torch.zeros_like(shifted)) if padded else shifted
     expected_logit = _sum((exp * finite).sum(dim=-1), group) / sum_exp
     entropy = log_z - expected_logit
     return logp, entropy
@@ -54,9 +54,10 @@ def vocab_parallel_logprob_entropy(logits: Tensor, ids: Tensor, vocab_start: int
 def chunked_logprob_entropy(hidden: Tensor, targets: Tensor, logits_fn: Callable[[Tensor], Tensor],
                             vocab_start: int, group=None, chunk_tokens: int = 1024,
                             extra_ids: Optional[Tensor] = None, temperatures: Optional[Tensor] = None,
-                            recompute: Optional[bool] = None) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+                            recompute: Optional[bool] = None,
+                            padded: bool = True) -> tuple[Tensor, Tensor, Optional[Tensor]]:
     """Apply `logits_fn` ([n, H] -> [n, V_shard]) chunk by chunk, dividing each row's logits by its
-    temperature (`temperatures` [T]; None: 1).
+    temperature (`temperatures` [T]; None: 1). `padded`: whether `logits_fn` may return -inf columns.
 
     Returns (log p of targets [T], entropy [T], log p of extra_ids [T, k] or None).
     """
@@ -64,8 +65,12 @@ def chunked_logprob_entropy(hidden: Tensor, targets: Tensor, logits_fn: Callable
     ids = targets[:, None] if extra_ids is None else torch.cat([targets[:, None], extra_ids], dim=1)
     temps = hidden.new_ones(hidden.shape[0], dtype=torch.float32) if temperatures is None else temperatures.float()
 
+    # on CPU a pass over [n, vocab] costs more than this check; x / 1 is x exactly, so skipping it changes nothing
+    unit = hidden.device.type == "cpu" and bool((temps == 1).all())
+
     def one(h: Tensor, i: Tensor, t: Tensor) -> tuple[Tensor, Tensor]:
-        return vocab_parallel_logprob_entropy(logits_fn(h) / t[:, None], i, vocab_start, group)
+        logits = logits_fn(h) if unit else logits_fn(h) / t[:, None]
+        return vocab_parallel_logprob_entropy(logits, i, vocab_start, group, padded)
 
     logps, ents = [], []
     for start in range(0, hidden.shape[0], chunk_tokens):

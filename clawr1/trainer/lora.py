@@ -174,11 +174,16 @@ class LoraAdapters(torch.nn.Module):
         from megatron.core.tensor_parallel import (copy_to_tensor_model_parallel_region,
                                                    reduce_from_tensor_model_parallel_region)
 
-        flat = x.reshape(-1, x.shape[-1])
-        delta = flat.new_zeros(flat.shape[0], out_shape[-1])
-        for slot, rows in self._groups(flat.shape[0]):
+        # in the wider of the adapters' dtype (fp32) and the base's: over a bf16 base only the base's products
+        # round to bf16
+        dtype = torch.promote_types(x.dtype, self.a[self.key(layer, target, 0)].dtype)
+        flat = x.reshape(-1, x.shape[-1]).to(dtype)
+        groups = self._groups(flat.shape[0])
+        whole = len(groups) == 1 and groups[0][1] is None  # every token in one slot: no zeros to scatter into
+        delta = None if whole else flat.new_zeros(flat.shape[0], out_shape[-1])
+        for slot, rows in groups:
             key = self.key(layer, target, slot)
-            a, b = self.a[key].to(x.dtype), self.b[key].to(x.dtype)
+            a, b = self.a[key].to(dtype), self.b[key].to(dtype)
             h = (flat if rows is None else flat.index_select(0, rows)) @ a.t()
             if target in COLUMN_PARALLEL:
                 h = copy_to_tensor_model_parallel_region(h) if self.tp > 1 else h
@@ -186,7 +191,7 @@ class LoraAdapters(torch.nn.Module):
                 h = reduce_from_tensor_model_parallel_region(h) if self.tp > 1 else h
             y = (h @ b.t()) * self.shape.scale
             delta = y if rows is None else delta.index_add(0, rows, y)
-        return delta.view(out_shape)
+        return delta.view(out_shape).to(x.dtype)
 
     # ------------------------------------------------------------ weights
     def local_delta(self, layer: int, target: str, slot: int) -> Tensor:

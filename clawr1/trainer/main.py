@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from clawr1 import bus
 from clawr1.config import Config
+from clawr1.cpu_dtype import cpu_dtype
 from clawr1.protocol import Batch
 from clawr1.runtime import mark_ready, setup_logging, stop_event
 from clawr1.model_path import resolve_model_path
@@ -66,9 +67,9 @@ def use_transformer_engine(setting: str) -> bool:
 def build(cfg: Config, par: ParallelInfo, model_path) -> tuple[Policy, object]:
     t = cfg.trainer
     cuda = torch.cuda.is_available()
-    if t.precision == "bf16" and not cuda:
-        raise ValueError("trainer.precision=bf16 needs CUDA; use fp32 on this machine")
     dtype = torch.bfloat16 if t.precision == "bf16" else torch.float32
+    if dtype == torch.bfloat16 and not cuda:
+        dtype = cpu_base_dtype(cfg)
     policy = build_policy(model_path, par.tp, par.tp_rank, dtype=dtype, use_te=use_transformer_engine(t.transformer_engine))
     if cfg.lora.enabled:
         return policy, add_lora(policy, cfg, par)
@@ -77,6 +78,17 @@ def build(cfg: Config, par: ParallelInfo, model_path) -> tuple[Policy, object]:
         ddp = wrap_ddp(policy.model)
         return policy, MegatronDistributedAdam(ddp, t, cfg.run.max_steps, bf16=dtype == torch.bfloat16)
     return policy, TorchAdamW(policy.model.parameters(), t, cfg.run.max_steps, par.tp, par.dp)
+
+
+def cpu_base_dtype(cfg: Config) -> torch.dtype:
+    """trainer.precision=bf16 on CPU: the frozen base's dtype under fp32 adapters (fp32 where the CPU lacks bf16)."""
+    if not cfg.lora.enabled:
+        raise ValueError("trainer.precision=bf16 on CPU trains LoRA adapters over a frozen bf16 base: set "
+                         "lora.enabled=true, or precision=fp32 (full-weight bf16 training needs CUDA's optimizer)")
+    dtype, why = cpu_dtype(torch.bfloat16, cfg.run.cpu_bf16)
+    if why:
+        log.warning("trainer: %s", why)
+    return dtype
 
 
 def add_lora(policy: Policy, cfg: Config, par: ParallelInfo) -> SlotAdamW:

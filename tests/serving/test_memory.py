@@ -30,10 +30,17 @@ def test_the_plan_counts_the_weights_and_the_cache_exactly(tiny_model):
         model.lm_head.weight.numel() if c.tie_word_embeddings else 0)  # tied: one tensor on disk
     assert plan.weights_bytes == stored * 4
     assert plan_engine(tiny_model, "bfloat16", 6, 100).total_bytes * 2 == plan.total_bytes
+    # serve.cpu_prepack holds a second copy of the weights, packed for oneDNN
+    assert plan_engine(tiny_model, "float32", 6, 100, prepacked=True).weights_bytes == 2 * plan.weights_bytes
 
 
 def test_an_engine_that_does_not_fit_refuses_to_start_and_says_why(tiny_model, tmp_path, loops):
-    plan = plan_engine(tiny_model, "float32", slots=1, context_length=0)
+    import torch
+
+    from clawr1.serving.packed_linear import prepacked_dtype_ok
+
+    prepacked = prepacked_dtype_ok(torch.float32, torch.device("cpu"))  # serve.cpu_prepack, as the engine decides
+    plan = plan_engine(tiny_model, "float32", slots=1, context_length=0, prepacked=prepacked)
     budget = (plan.weights_bytes + plan.context * plan.token_bytes) / 0.85 / (1 << 30) * 0.9  # 10% short
     cfg = make_config(tmp_path, f"serve.memory_budget_gb={budget:.6f}")
     engine = loops(cfg, "serve")
