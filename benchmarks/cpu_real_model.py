@@ -12,8 +12,9 @@ Prints one JSON line. Every figure is measured in this run beside its baseline, 
 - gap: mean |engine - trainer| log-prob over response tokens of sampled answers, in the engine's and trainer's dtype;
 - run (--run): seconds from `clawr1 run` to the first trainer step, and per step, of the combined LoRA recipe.
 
-Paths that torch emulates on this CPU (bf16 without avx512_bf16/AMX) run on fewer samples (--slow-samples): their
-rate is what matters, and a whole batch of them would take many minutes.
+Paths that torch emulates on this CPU (bf16 without avx512_bf16/AMX) run once, without a warm-up, on short samples
+(--slow-samples of 40 tokens) or few requests: their rate is what matters, and a whole batch would take many
+minutes.
 
 Usage: python benchmarks/cpu_real_model.py [--parts trainer,engine,teacher,gap] [--run] [--threads 2]
 """
@@ -49,12 +50,13 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def samples(n: int, seed: int = 0) -> list[Sample]:
-    """Shaped like the personal environment's turns: 80-130 prompt tokens, 25-45 response tokens."""
+def samples(n: int, seed: int = 0, short: bool = False) -> list[Sample]:
+    """Shaped like the personal environment's turns: 80-130 prompt tokens, 25-45 response tokens (short: 30 and 10,
+    for paths torch emulates)."""
     rng = random.Random(seed)
     out = []
     for i in range(n):
-        p, r = rng.randint(80, 130), rng.randint(25, 45)
+        p, r = (30, 10) if short else (rng.randint(80, 130), rng.randint(25, 45))
         out.append(Sample(sample_id=f"s{i}", group_id=f"g{i // 4}", tokens=[rng.randrange(1000, 50000) for _ in range(p + r)],
                           prompt_len=p, loss_mask=[1] * r, rollout_logprobs=[-2.0] * r, versions=[0] * r,
                           reward=float(i % 2), teacher_logprobs=[-1.5] * r))
@@ -94,7 +96,11 @@ def hf_rate(path: Path, dtype: torch.dtype, batch: list[Sample], rounds: int) ->
 
 
 def timed_rate(step, batch: list[Sample], rounds: int) -> float:
-    """Tokens/s: the median of `rounds` timed steps after one warm-up step."""
+    """Tokens/s: the median of `rounds` timed steps after one warm-up step (rounds 0: one step, no warm-up)."""
+    if not rounds:
+        t0 = time.perf_counter()
+        step()
+        return sum(len(s.tokens) for s in batch) / (time.perf_counter() - t0)
     step()
     times = []
     for _ in range(rounds):
@@ -109,14 +115,15 @@ def trainer_part(path: Path, args) -> dict:
 
     init_parallel(1)
     fast, _ = cpu_dtype(torch.bfloat16, "auto")
-    full, few = samples(args.samples), samples(args.slow_samples, seed=1)
+    full, few = samples(args.samples), samples(args.slow_samples, seed=1, short=True)
     native = cpu_has_bf16()
     out = {"samples": len(full), "tokens": sum(len(s.tokens) for s in full),
            "response_tokens": sum(s.response_len for s in full),
            "megatron_fp32_tok_s": megatron_rate(path, torch.float32, full, args.rounds),
            "hf_fp32_tok_s": hf_rate(path, torch.float32, full, args.rounds)}
     bf16_batch = full if native else few  # emulated bf16: fewer samples
-    out["hf_bf16_tok_s"] = hf_rate(path, torch.bfloat16, bf16_batch, 1 if not native else args.rounds)
+    out["hf_bf16_tok_s"] = hf_rate(path, torch.bfloat16, bf16_batch, args.rounds if native else 0)
+    out["hf_bf16_tokens"] = sum(len(s.tokens) for s in bf16_batch)
     if fast == torch.bfloat16:
         out["megatron_bf16_tok_s"] = megatron_rate(path, torch.bfloat16, full, args.rounds)
     out["megatron_chosen_tok_s"] = out["megatron_bf16_tok_s"] if fast == torch.bfloat16 else out["megatron_fp32_tok_s"]
