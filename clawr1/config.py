@@ -197,9 +197,9 @@ class ServeConfig(Section):
         "float32", description="The embedded engine's weights and KV cache dtype; bfloat16 on CPU follows "
         "run.cpu_bf16.")
     cpu_prepack: bool = Field(
-        True, description="The embedded engine on CPU in float32: its linear layers compute through a copy of their "
-        "weights packed for oneDNN, 1.7-2.7x faster at decode's few rows (clawr1/serving/packed_linear.py); the copy "
-        "doubles the weights' memory.")
+        True, description="The embedded engine on CPU in float32: its large linear layers (1M weights or more) compute "
+        "through a copy of their weights packed for oneDNN, 1.7-2.7x faster at decode's few rows "
+        "(clawr1/serving/packed_linear.py); the copy adds up to the weights' size to the engine's memory.")
     device: Literal["cpu", "cuda"] = Field(
         "cpu", description="The embedded engine's device. cuda: weights and KV cache in GPU memory (use dtype "
         "bfloat16), the budget above is GPU memory; with the trainer on the same GPU each engine takes its budget "

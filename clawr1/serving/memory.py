@@ -67,7 +67,7 @@ def parameter_count(model_dir: Path) -> int:
 def plan_engine(model_dir: Path, dtype: str, slots: int, context_length: int, pool_tokens: int = 0,
                 prepacked: bool = False) -> EnginePlan:
     """The engine's plan with a pool of `pool_tokens` (0: every slot's whole context; `size_pool` fits it to a
-    budget); `prepacked`: the weights are held twice (serve.cpu_prepack)."""
+    budget); `prepacked`: the weights counted twice (serve.cpu_prepack packs a second copy of the large ones)."""
     config = json.loads((model_dir / "config.json").read_text())
     config = config.get("text_config", config)
     heads = config["num_attention_heads"]

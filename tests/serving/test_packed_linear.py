@@ -5,11 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
+from clawr1.serving import packed_linear
 from clawr1.serving.packed_linear import PackedForward, pack_linears, prepacked_dtype_ok
 from tests.numerics import assert_close
 
 pytestmark = pytest.mark.skipif(not prepacked_dtype_ok(torch.float32, torch.device("cpu")),
                                 reason="this torch has no oneDNN")
+
+
+@pytest.fixture(autouse=True)
+def pack_any_size(monkeypatch):
+    """These tests' linears are small; the engine packs only large ones (see the last test)."""
+    monkeypatch.setattr(packed_linear, "MIN_PACKED_WEIGHTS", 1)
 
 
 def assert_linear(module: torch.nn.Linear, x: torch.Tensor, out: torch.Tensor) -> None:
@@ -63,3 +70,10 @@ def test_bf16_and_cuda_linears_are_left_as_they_are():
     assert pack_linears(model) == 0
     assert not prepacked_dtype_ok(torch.float32, torch.device("cuda"))
 
+
+
+def test_only_weights_large_enough_to_pay_for_the_conversions_are_packed(monkeypatch):
+    monkeypatch.setattr(packed_linear, "MIN_PACKED_WEIGHTS", 1 << 20)
+    small, large = torch.nn.Linear(128, 384), torch.nn.Linear(896, 4864, bias=False)  # the tiny model's; Qwen's MLP
+    assert pack_linears(torch.nn.Sequential(small, large)) == 1
+    assert isinstance(large.forward, PackedForward) and not isinstance(small.forward, PackedForward)
