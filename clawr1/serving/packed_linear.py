@@ -6,9 +6,10 @@ Qwen2.5-0.5B's shapes, fp32; benchmarks/cpu_real_model.py measures the engine bo
 3.5 ms -> 2.0 ms, the LM head at 8 rows 177 -> 67 ms, at 128 rows still 1.5x; at the trainer's ~1,000 rows
 neither wins, so only the engine packs.
 
-Only weights of at least MIN_PACKED_WEIGHTS are packed. A packed weight is a second copy (oneDNN's layout) kept beside the module's own, which stays the one weight
-updates and adapters read. It is packed again whenever the weight changes: an update copies into the weight in
-place, which bumps its version counter, or replaces it, which changes its storage.
+Only weights of at least MIN_PACKED_WEIGHTS are packed. A packed weight is a second copy (oneDNN's layout) kept
+beside the module's own, which stays the one weight updates and adapters read. It is packed again whenever the
+weight changes: an update copies into the weight in place, which bumps its version counter, or replaces it,
+which changes its storage.
 """
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from typing import Optional
 
 import torch
 from torch import Tensor
-
 
 # Smaller weights stay on MKL's product: oneDNN's per-call conversions cost more than a small product (the tiny
 # model's engine, whose largest weight is 131K, decoded at half the speed with every linear packed). Qwen2.5-0.5B
