@@ -45,17 +45,19 @@ class Run:
         return (self.path / "summary.json").exists()
 
     def start(self) -> float:
-        """Run it to the end unless it finished before: the minutes it took (0: cached). Its output goes to
-        <path>.out beside the run directory; a run that fails ends the benchmark."""
+        """Run it to the end unless it finished before: the minutes it took (0: cached). A run stopped part way
+        (its directory holds a pool) continues from its newest checkpoint. Its output goes to <path>.out beside
+        the run directory; a run that fails ends the benchmark."""
         if self.finished:
             return 0.0
         path = self.path
         path.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
+        resume = (path / "pool").is_dir()
         cmd = [sys.executable, "-m", "clawr1.cli", "run", str(self.recipe.relative_to(REPO)), f"run.dir={path}",
-               *self.overrides, "--overwrite"]
+               *self.overrides, "--resume" if resume else "--overwrite"]
         log_path = path.parent / f"{path.name}.out"
-        with open(log_path, "w") as log:
+        with open(log_path, "a" if resume else "w") as log:
             code = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
         if code != 0:
             raise SystemExit(f"{' '.join(cmd)} exited {code}; see {log_path}")

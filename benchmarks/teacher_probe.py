@@ -28,10 +28,12 @@ from envs.personal.env import PersonalEnv  # noqa: E402
 
 
 async def measure(url: str, profile_seed: int, n: int, reader: str = "exact", max_tokens: int = 48,
-                  phrasing: str = "canonical", hint: str = "user", timeout_s: float = 900.0) -> dict:
-    """The probe's results for one user; a request may wait `timeout_s` (a real model on 2 shared cores queues)."""
+                  phrasing: str = "canonical", hint: str = "user", timeout_s: float = 900.0,
+                  signal: bool = True) -> dict:
+    """The probe's results for one user (`signal`: the AUCs as well as the uptake); a request may wait
+    `timeout_s` (a real model on 2 shared cores queues)."""
     env = PersonalEnv({"profile_seed": profile_seed, "probe_teacher": True, "reader": reader, "phrasing": phrasing,
-                       "probe_hint": hint})
+                       "probe_hint": hint, "probe_signal": signal})
     chat = GatewayChat(url, None, "clawr1-policy", max_tokens, 1.0, timeout_s=timeout_s)
     try:
         return {"profile": env.profile, **await env.evaluate(chat, n, f"probe-{profile_seed}")}

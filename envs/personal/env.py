@@ -35,6 +35,9 @@ class PersonalEnvConfig:
     # among them and name their user; held-out scores are per user (personalization_score_u<seed>) and their
     # mean. Empty: the one user of profile_seed.
     users: list[int] = field(default_factory=list)
+    # the kinds each of `users` holds, by profile seed (a user not listed: `kinds`). Each keeps the option their
+    # full profile draws for a kind, so a user's wish never depends on which other kinds are in play
+    user_kinds: dict[int, list[str]] = field(default_factory=dict)
     # GRPO groups: each training episode plays this many sessions of one user asking the same questions (their own
     # samples); the first answers to the same question share a group id (match pool.group_size). A retry after a
     # correction, which only some sessions reach, has no group (the EMA baseline): a group the pool waits for
@@ -54,6 +57,9 @@ class PersonalEnvConfig:
     # "directive" (the canonical directives: what the rules judge writes with judge.rules_hint=directive when its
     # map reads the wish right)
     probe_hint: str = "user"
+    # the probe's AUC of the teacher's gap per kind as well as the uptake (one scoring pass per kind: about 60% of
+    # the probe's time on a real model); off: uptake only
+    probe_signal: bool = True
     # how answers are read: "exact" (the tiny model's shapes only) or "free_text" (a part counts wherever it
     # appears: for pretrained models, which answer in their own words; preferences.read_free_text)
     reader: str = "exact"
@@ -74,14 +80,23 @@ class PersonalEnvConfig:
         unknown = [k for k in self.kinds if k not in KINDS]
         if unknown or not self.kinds:
             raise ValueError(f"personal env: kinds must be a non-empty subset of {list(KINDS)}, got {self.kinds}")
+        self.user_kinds = {int(u): list(k) for u, k in self.user_kinds.items()}  # JSON and YAML files: str keys
+        for user, kinds in self.user_kinds.items():
+            if user not in self.users:
+                raise ValueError(f"personal env: user_kinds names user {user}, who is not in users {self.users}")
+            if not kinds or any(k not in KINDS for k in kinds):
+                raise ValueError(f"personal env: user_kinds[{user}] must be a non-empty subset of {list(KINDS)}, "
+                                 f"got {kinds}")
         if self.group_size < 1:
             raise ValueError(f"personal env: group_size must be >= 1, got {self.group_size}")
 
 
 def make_profile(seed: int, kinds: list[str]) -> Style:
-    """The hidden preferences of the user with this seed; different seeds give different users."""
+    """The hidden preferences of the user with this seed, over `kinds` (in that order); different seeds give
+    different users. Every kind is drawn, so a user's option for a kind is the same whatever `kinds` holds."""
     rng = random.Random(f"profile-{seed}")
-    return {kind: rng.choice(OPTIONS[kind]) for kind in kinds}
+    drawn = {kind: rng.choice(OPTIONS[kind]) for kind in KINDS}
+    return {kind: drawn[kind] for kind in kinds}
 
 
 class PersonalEnv:
@@ -90,13 +105,14 @@ class PersonalEnv:
     def __init__(self, args: dict[str, Any], seed: int = 0):
         self.cfg = PersonalEnvConfig(**args)
         seeds = self.cfg.users or [self.cfg.profile_seed]
-        self.profiles = {f"u{s}": make_profile(s, self.cfg.kinds) for s in seeds}
+        self.profiles = {f"u{s}": make_profile(s, self.cfg.user_kinds.get(s, self.cfg.kinds)) for s in seeds}
         self.profile = next(iter(self.profiles.values()))
         self.named_users = bool(self.cfg.users)  # requests name their user only when the run has several
         self._next_user = itertools.cycle(self.profiles)
         self.read = READERS[self.cfg.reader]
         per_user = [f"personalization_score_{u}" for u in self.profiles] if self.named_users else []
-        self.eval_metrics = ("personalization_score", *per_user, *(f"pref_{kind}" for kind in self.profile))
+        self.kinds = [k for k in KINDS if any(k in p for p in self.profiles.values())]  # every user's, together
+        self.eval_metrics = ("personalization_score", *per_user, *(f"pref_{kind}" for kind in self.kinds))
         self.seed = seed
         c = self.cfg
         self.user_llm = LlmUser(c.user_llm_url, c.user_llm_model, c.user_llm_api_key_env) if c.user_llm_url else None
@@ -201,10 +217,11 @@ class PersonalEnv:
         out: dict[str, Any] = {}
         for user, (_, wrong) in per_user.items():
             out[f"personalization_score_{user}"] = sum(not w for w in wrong) / n
-            out.update({f"pref_{kind}_{user}": sum(kind not in w for w in wrong) / n for kind in self.profile})
+            out.update({f"pref_{kind}_{user}": sum(kind not in w for w in wrong) / n for kind in self.profiles[user]})
         out["personalization_score"] = sum(out[f"personalization_score_{u}"] for u in per_user) / len(per_user)
-        out.update({f"pref_{kind}": sum(out[f"pref_{kind}_{u}"] for u in per_user) / len(per_user)
-                    for kind in self.profile})
+        for kind in self.kinds:  # over the users who hold the kind
+            held = [out[f"pref_{kind}_{u}"] for u in per_user if kind in self.profiles[u]]
+            out[f"pref_{kind}"] = sum(held) / len(held)
         if not self.named_users:  # one user: the plain names only
             out = {k: v for k, v in out.items() if not k.endswith(f"_{next(iter(per_user))}")}
         answers = next(iter(per_user.values()))[0]
@@ -212,5 +229,5 @@ class PersonalEnv:
             wording = random.Random(f"probe-{self.seed}")  # the hint in the user's words, the same at every evaluation
             hint = directive_text if self.cfg.probe_hint == "directive" else lambda wanted: self._wish(wanted, wording)
             out.update(await probe(client, [q.text for q in questions], answers, self.profile, session_prefix,
-                                   self.seed * 100_003, self.read, hint))
+                                   self.seed * 100_003, self.read, hint, self.cfg.probe_signal))
         return out

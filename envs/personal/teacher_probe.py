@@ -72,9 +72,9 @@ async def signal_quality(client: Any, questions: Sequence[str], answers: Sequenc
 
 async def probe(client: Any, questions: Sequence[str], plain_answers: Sequence[str], profile: Style,
                 session_prefix: str, seed: int, read: Reader = parse_style,
-                wording: Wording = directive_text) -> dict[str, Optional[float]]:
-    """Uptake and AUC per kind; `plain_answers` are the policy's answers to `questions` without a hint, which
-    is the profile in the user's `wording`."""
+                wording: Wording = directive_text, signal: bool = True) -> dict[str, Optional[float]]:
+    """Uptake and (with `signal`) AUC per kind; `plain_answers` are the policy's answers to `questions` without a
+    hint, which is the profile in the user's `wording`."""
     hint = wording(profile)
 
     async def hinted(i: int, q: str) -> str:
@@ -82,5 +82,7 @@ async def probe(client: Any, questions: Sequence[str], plain_answers: Sequence[s
         return (await client.chat(f"{session_prefix}-hinted-{i}", messages, side=True, seed=seed + i)).content
 
     hinted_answers = await asyncio.gather(*(hinted(i, q) for i, q in enumerate(questions)))
-    return {**uptake(plain_answers, hinted_answers, profile, read),
-            **await signal_quality(client, questions, plain_answers, profile, read, wording=wording)}
+    out = uptake(plain_answers, hinted_answers, profile, read)
+    if signal:
+        out.update(await signal_quality(client, questions, plain_answers, profile, read, wording=wording))
+    return out

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
+import benchmarks.runs
 from benchmarks.runs import Run, last_evaluation, scores
 from tests.conftest import REPO
 
@@ -43,3 +45,25 @@ def test_scores_are_the_last_and_the_mean_of_the_held_out_curve_in_version_order
     final, area = scores(tmp_path / "run")
     assert (final, area) == (0.5, 0.5)  # exact binary fractions: their sum and mean round nowhere
     assert last_evaluation(tmp_path / "run")["personalization_score_u0"] == 0.25
+
+
+def test_a_run_stopped_part_way_continues_from_its_checkpoint_and_keeps_its_log(tmp_path, monkeypatch):
+    # the runner's choice of flags only: `clawr1 run --resume` itself is tested end to end (tests/e2e)
+    run = Run(tmp_path, "combined-s1", RECIPE, ("run.max_steps=3",))
+    (run.path / "pool").mkdir(parents=True)  # what a run that was stopped leaves
+    log = tmp_path / f"{run.path.name}.out"
+    log.write_text("the first sitting's output\n")
+    started = []
+
+    def fake_run(cmd, cwd, stdout, stderr):
+        started.append(cmd)
+        stdout.write("the second sitting's output\n")
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(benchmarks.runs.subprocess, "run", fake_run)
+    run.start()
+    assert started[0][-2:] == ["run.max_steps=3", "--resume"]
+    assert log.read_text() == "the first sitting's output\nthe second sitting's output\n"
+    (run.path / "pool").rmdir()
+    run.start()  # a fresh one replaces whatever is there
+    assert started[1][-1] == "--overwrite" and log.read_text() == "the second sitting's output\n"

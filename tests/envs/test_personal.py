@@ -72,6 +72,46 @@ def test_profiles_differ_across_seeds_and_cover_kinds():
     assert all(p[k] in OPTIONS[k] for p in profiles for k in KINDS)
 
 
+def test_a_users_wish_for_a_kind_does_not_depend_on_the_other_kinds_in_play():
+    for seed in range(50):
+        full = make_profile(seed, list(KINDS))
+        for kinds in (["tone"], ["units"], ["tone", "format"], ["closing", "length"]):
+            assert make_profile(seed, kinds) == {k: full[k] for k in kinds}
+    assert list(make_profile(4, ["tone", "format"])) == ["tone", "format"]  # in the order asked
+
+
+class AnswerAll:
+    """Answers every question as 'Sure! The answer is 7 km.'; records whose adapter was asked."""
+
+    def __init__(self):
+        self.users = []
+
+    async def chat(self, session_id, messages, *, side=False, seed=None, user="", **_):
+        self.users.append(user)
+        return AssistantTurn("Sure! The answer is 7 km.")
+
+
+def test_each_user_holds_their_own_kinds_and_is_scored_on_them_only():
+    env = PersonalEnv({"users": [4, 2001], "user_kinds": {4: ["tone", "format"], 2001: ["tone"]},
+                       "reader": "free_text"})
+    assert env.profiles == {"u4": {"tone": "sure", "format": "sentence"}, "u2001": {"tone": "certainly"}}
+    assert env.eval_metrics == ("personalization_score", "personalization_score_u4", "personalization_score_u2001",
+                                "pref_format", "pref_tone")
+    agent = AnswerAll()
+    out = asyncio.run(env.evaluate(agent, 4, "e"))
+    assert sorted(set(agent.users)) == ["u2001", "u4"]
+    # u4 wants "Sure!" and "The answer is": every answer does; u2001 wants "Certainly.": none does
+    assert (out["personalization_score_u4"], out["personalization_score_u2001"]) == (1.0, 0.0)
+    assert "pref_format_u2001" not in out and out["pref_format"] == 1.0  # format: u4's alone
+    assert out["pref_tone"] == 0.5 and out["personalization_score"] == 0.5
+    as_saved = PersonalEnv({"users": [4, 2001], "user_kinds": {"4": ["tone", "format"], "2001": ["tone"]}})
+    assert as_saved.profiles == env.profiles  # a config file read back names users by strings
+    with pytest.raises(ValueError, match="user_kinds names user 7"):
+        PersonalEnv({"users": [4], "user_kinds": {7: ["tone"]}})
+    with pytest.raises(ValueError, match=r"user_kinds\[4\] must be a non-empty subset"):
+        PersonalEnv({"users": [4], "user_kinds": {4: ["colour"]}})
+
+
 def test_heldout_questions_never_appear_in_training():
     rng = random.Random(0)
     train = {train_question(rng).text for _ in range(5000)}

@@ -1,0 +1,126 @@
+"""Learning IV's design, fixed before any learning run: the users drawn, the rule that gives each their kinds,
+the rows (a judge setting and a horizon), what every recipe shares, and one row's runs.
+
+Only the objective differs between a row's runs: recipes/{binary_rl,opd,combined}/cpu_qwen05_lora.yaml with the
+same users, seed, lr, teacher (the base with the hint, adapter off), steps, batch and sampling.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.runs import Run  # noqa: E402
+from clawr1.report import load_run  # noqa: E402
+
+DATA = REPO / "docs/benchmarks/learning-iv"
+OUT = REPO / "runs/learning_iv"
+
+# profile seeds no earlier benchmark or test used (tests and sweeps: 0-4; benchmarks/fair.py: 1000-1005). Nothing
+# is tuned (one lr for all, LR), so there are no tuning users; any later tuning draws its own
+USERS = {"evaluation": list(range(2001, 2015))}
+MOST_USERS = 8  # adapters one run trains at once (lora.slots): the first 8 chosen users by seed
+UPTAKE_MIN, BASE_MAX = 0.3, 0.5
+RULE = (f"a kind counts when the probe's uptake (16 held-out questions, the user's own held-out words as the hint) "
+        f"is >= {UPTAKE_MIN} and the base satisfies it without the hint in fewer than {BASE_MAX:.0%} of the answers; "
+        f"a user holds only the kinds that count and needs at least one; a user who would hold the same wishes as "
+        f"an earlier one is skipped; the first {MOST_USERS} users so chosen, by seed")
+
+# each run's name: (recipe folder, what it adds). CONTRASTIVE: OPD and combined with the contrastive teacher
+# baseline (the teacher's log-prob without the hint subtracted instead of the student's: algo.opd_baseline=teacher)
+RECIPES = {"binary_rl": ("binary_rl", ()), "opd": ("opd", ()), "combined": ("combined", ())}
+CONTRASTIVE = {"opd contrastive": ("opd", ("algo.opd_baseline=teacher",)),
+               "combined contrastive": ("combined", ("algo.opd_baseline=teacher",))}
+SEED = 58
+LR = 5e-4  # one lr for all recipes, not tuned: Tinker's LoRA rule for a Qwen of hidden size 896 (the recipes')
+SAMPLES_PER_USER = 4  # a step: each user's GRPO group of 4 sessions asking the same questions
+JUDGE = {
+    # 1. the rules judge, always right, its hints the directives it maps the user's words to
+    "directive": ["judge.rules_hint=directive"],
+    # 2. the rules judge wrong 30% of the time: flipped scores, and hints that contradict the user's wish
+    "noisy": ["judge.rules_hint=directive", "judge.score_noise=0.3", "judge.hint_noise=0.3",
+              "judge.hint_noise_kind=contradict"],
+}
+# row: (judge setting, steps, its runs); the contrastive baseline in the first row only (each run is about an
+# hour on 2 cores)
+ROWS = {"directive-16": ("directive", 16, {**RECIPES, **CONTRASTIVE}), "noisy-16": ("noisy", 16, RECIPES),
+        "llm-16": ("llm", 16, RECIPES), "directive-48": ("directive", 48, RECIPES)}
+
+
+def counted_kinds(probe: dict) -> list[str]:
+    """The kinds of a probed user that count under RULE."""
+    return [k for k in probe["profile"]
+            if probe[f"uptake_{k}"] >= UPTAKE_MIN and probe[f"hinted_{k}"] - probe[f"uptake_{k}"] < BASE_MAX]
+
+
+def choose(probed: dict[int, dict]) -> dict[str, list[str]]:
+    """Each chosen user's kinds, by profile seed: users with at least one counted kind and wishes no earlier
+    user holds (profiles repeat: 5 kinds of 2-3 options give 72), the first MOST_USERS."""
+    chosen: dict[str, list[str]] = {}
+    held = set()
+    for user in sorted(probed):
+        kinds = counted_kinds(probed[user])
+        wishes = tuple((k, probed[user]["profile"][k]) for k in kinds)
+        if kinds and wishes not in held and len(chosen) < MOST_USERS:
+            held.add(wishes)
+            chosen[str(user)] = kinds
+    return chosen
+
+
+def shared_settings(users: dict[str, list[str]], steps: int) -> list[str]:
+    """What every recipe's run of a row shares: the users with their kinds, one adapter each, the seed, the lr,
+    the batch (SAMPLES_PER_USER a user), the users' free wording, 5 evaluations, checkpoints to resume from."""
+    seeds = [int(u) for u in users]
+    kinds = "{" + ", ".join(f"{u}: [{', '.join(k)}]" for u, k in users.items()) + "}"
+    return [f"run.seed={SEED}", f"run.max_steps={steps}", f"trainer.lr={LR:g}",
+            f"rollout.env_args.users={seeds}", f"rollout.env_args.user_kinds={kinds}",
+            "rollout.env_args.phrasing=free", f"rollout.env_args.group_size={SAMPLES_PER_USER}",
+            f"pool.group_size={SAMPLES_PER_USER}", f"pool.batch_size={SAMPLES_PER_USER * len(users)}",
+            f"rollout.max_pool_backlog={2 * SAMPLES_PER_USER * len(users)}",
+            "lora.per_user=true", f"lora.slots={len(users)}", f"rollout.eval_every={steps // 4}",
+            "rollout.eval_size=16", "trainer.checkpoint_every=4"]
+
+
+def run_row(row: str) -> None:
+    """Every recipe's run of `row` (skipping finished runs), each one's per-user results saved as it ends."""
+    if row not in ROWS:
+        raise SystemExit(f"unknown row {row!r}: one of {list(ROWS)}")
+    setting, steps, runs = ROWS[row]
+    if setting not in JUDGE:
+        raise SystemExit(f"row {row}: the llm judge's setting is not built yet (docs/real_model.md)")
+    users_file = DATA / "users.json"
+    if not users_file.exists():
+        raise SystemExit("no users chosen yet: run `python benchmarks/learning_iv.py probe`, then `select`")
+    users = json.loads(users_file.read_text())["evaluation"]
+    for name, (recipe, extra) in runs.items():
+        run = Run(OUT / row, name.replace(" ", "_"), REPO / "recipes" / recipe / "cpu_qwen05_lora.yaml",
+                  tuple(shared_settings(users, steps) + JUDGE[setting] + list(extra)))
+        if not run.finished:
+            print(f"[learning_iv] {row} {name}: {run.path.relative_to(REPO)}", flush=True)
+        minutes = run.start()
+        save_result(row, name, run, minutes)
+
+
+def per_user_curves(path: Path) -> dict[str, list[tuple[int, float]]]:
+    """Each user's held-out score at every evaluated version of the run in `path`."""
+    return load_run(path).per_user["score"]
+
+
+def save_result(row: str, recipe: str, run: Run, minutes: float) -> None:
+    """runs/<row>.json gains the recipe's per-user final score, area (mean over evaluations) and curve (minutes:
+    this sitting's; 0 for a run that finished before)."""
+    out = DATA / "runs" / f"{row}.json"
+    data = json.loads(out.read_text()) if out.exists() else {"row": row, "recipes": {}}
+    if recipe in data["recipes"]:
+        return
+    curves = per_user_curves(run.path)
+    data["recipes"][recipe] = {
+        "run": run.path.name, "overrides": list(run.overrides), "minutes": round(minutes, 1),
+        "users": {u.removeprefix("u"): {"final": c[-1][1], "area": round(statistics.fmean(v for _, v in c), 6),
+                                        "curve": c} for u, c in sorted(curves.items())}}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
