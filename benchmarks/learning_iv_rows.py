@@ -14,6 +14,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.judge_truth import judge_agreement  # noqa: E402
 from benchmarks.runs import Run  # noqa: E402
 from clawr1.report import load_run  # noqa: E402
 
@@ -44,6 +45,9 @@ JUDGE = {
     # 2. the rules judge wrong 30% of the time: flipped scores, and hints that contradict the user's wish
     "noisy": ["judge.rules_hint=directive", "judge.score_noise=0.3", "judge.hint_noise=0.3",
               "judge.hint_noise_kind=contradict"],
+    # 3. OpenClaw-RL's own: the base model (the serving engine without an adapter) as the llm judge, m = 3 votes
+    # and 3 hint votes a turn from the user's free-worded follow-up
+    "llm": ["judge.backend=llm", "judge.prm=policy", "judge.llm_api=generate"],
 }
 # row: (judge setting, steps, its runs); the contrastive baseline in the first row only (each run is about an
 # hour on 2 cores)
@@ -90,8 +94,6 @@ def run_row(row: str) -> None:
     if row not in ROWS:
         raise SystemExit(f"unknown row {row!r}: one of {list(ROWS)}")
     setting, steps, runs = ROWS[row]
-    if setting not in JUDGE:
-        raise SystemExit(f"row {row}: the llm judge's setting is not built yet (docs/real_model.md)")
     users_file = DATA / "users.json"
     if not users_file.exists():
         raise SystemExit("no users chosen yet: run `python benchmarks/learning_iv.py probe`, then `select`")
@@ -111,15 +113,18 @@ def per_user_curves(path: Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def save_result(row: str, recipe: str, run: Run, minutes: float) -> None:
-    """runs/<row>.json gains the recipe's per-user final score, area (mean over evaluations) and curve (minutes:
-    this sitting's; 0 for a run that finished before)."""
+    """runs/<row>.json gains the recipe's per-user final score, area (mean over evaluations) and curve, and how
+    often its judge agreed with the users' truth (minutes: this sitting's; 0 for a run that finished before)."""
     out = DATA / "runs" / f"{row}.json"
     data = json.loads(out.read_text()) if out.exists() else {"row": row, "recipes": {}}
     if recipe in data["recipes"]:
+        data["recipes"][recipe].setdefault("judge", judge_agreement(run.path))  # rows saved before it was kept
+        out.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
         return
     curves = per_user_curves(run.path)
     data["recipes"][recipe] = {
         "run": run.path.name, "overrides": list(run.overrides), "minutes": round(minutes, 1),
+        "judge": judge_agreement(run.path),
         "users": {u.removeprefix("u"): {"final": c[-1][1], "area": round(statistics.fmean(v for _, v in c), 6),
                                         "curve": c} for u, c in sorted(curves.items())}}
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -351,6 +351,10 @@ class JudgeConfig(Section):
         "", description="The llm judge's (and the env judge's PRM) endpoint: any OpenAI-compatible one, e.g. "
         "http://prm-host:30000/v1 (openai), or SGLang's, e.g. http://prm-host:30000 (generate); empty: `clawr1 run` "
         "starts a PRM engine.")
+    prm: Literal["own", "policy"] = Field(
+        "own", description="Who votes for the llm judge: own, judge.llm_url or a PRM engine `clawr1 run` starts; "
+        "policy, the serving engine's /generate without an adapter (under LoRA the base model, as OpenClaw-RL's "
+        "judge, with no second engine; needs judge.llm_api=generate).")
     llm_api: Literal["openai", "generate"] = Field("openai", description="generate: a text prompt rendered in ChatML "
                                                    "to SGLang's /generate; openai: chat completions.")
     llm_model: str = Field("default", description="The model name sent to an OpenAI-compatible endpoint.")
@@ -380,7 +384,7 @@ class JudgeConfig(Section):
     @property
     def runs_own_prm(self) -> bool:
         """`clawr1 run` starts the PRM engine: the judge needs one and none is configured."""
-        return self.needs_llm and not self.llm_url
+        return self.needs_llm and not self.llm_url and self.prm == "own"
 
     @property
     def runs_own_teacher(self) -> bool:
@@ -729,6 +733,9 @@ class Config(Section):
         if j.runs_own_prm and self.serve.backend == "embedded" and j.llm_api == "openai":
             raise ValueError("the PRM engine `clawr1 run` starts is the embedded engine, which serves /generate only: "
                              "set judge.llm_api=generate, or judge.llm_url to an OpenAI-compatible endpoint")
+        if j.prm == "policy" and (j.llm_url or j.llm_api != "generate"):
+            raise ValueError("judge.prm=policy sends the votes to the serving engine's /generate: leave judge.llm_url "
+                             "empty and set judge.llm_api=generate")
         if j.teacher == "lagged" and self.trainer.weight_sync != "disk":
             raise ValueError("judge.teacher=lagged is refreshed from the published weight directories: it needs "
                              "trainer.weight_sync=disk")
@@ -820,9 +827,12 @@ class Config(Section):
 
     @property
     def prm_url(self) -> str:
-        """Where the llm judge asks for votes: the configured endpoint, or the PRM engine the run starts."""
+        """Where the llm judge asks for votes: the configured endpoint, the serving engine (judge.prm=policy), or
+        the PRM engine the run starts."""
         if self.judge.llm_url:
             return self.judge.llm_url
+        if self.judge.prm == "policy":
+            return self.engine_urls[0]
         if not self.judge.prm_port:
             return ""
         base = f"http://{self.serve.host}:{self.judge.prm_port}"

@@ -235,3 +235,13 @@ def test_the_tinker_recipes_train_and_serve_through_tinker_with_openclaw_rls_def
 def test_tinker_backends_refuse_what_only_the_megatron_trainer_has(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, overrides)
+
+
+def test_the_policy_as_the_llm_judge_votes_on_the_serving_engine_and_starts_no_prm_engine():
+    cfg = load_config(None, ["judge.backend=llm", "judge.prm=policy", "judge.llm_api=generate", "serve.port=23001"])
+    assert cfg.prm_url == cfg.engine_urls[0] == "http://127.0.0.1:23001" and not cfg.judge.runs_own_prm
+    own = load_config(None, ["judge.backend=llm", "judge.llm_api=generate", "judge.prm_port=23002"])
+    assert own.judge.runs_own_prm and own.prm_url == "http://127.0.0.1:23002"
+    for wrong in (["judge.llm_api=openai"], ["judge.llm_api=generate", "judge.llm_url=http://127.0.0.1:9/v1"]):
+        with pytest.raises(ConfigError, match="judge.prm=policy sends the votes to the serving engine"):
+            load_config(None, ["judge.backend=llm", "judge.prm=policy", *wrong])

@@ -92,6 +92,18 @@ def test_llm_backend_asks_m_votes_of_each_kind_on_a_real_endpoint(tiny_model, tm
     assert judge.report()["llm_endpoint_errors"] == 0
 
 
+def test_the_policy_as_judge_votes_on_the_serving_engine(tiny_model, tmp_path, loops):
+    cfg = make_config(tmp_path, "judge.backend=llm", "judge.prm=policy", "judge.llm_api=generate", "judge.votes=2",
+                      "judge.vote_max_tokens=8")
+    engine = loops(cfg, "serve")
+    engine.wait_http(f"{cfg.engine_url}/health")
+    before = engine_metric(cfg.engine_url, "requests_total")
+    judge = LlmJudge(cfg.judge, cfg.prm_url)  # what the judge loop builds (clawr1/judge/main.py)
+    verdict_on_a_correction(judge)
+    assert engine_metric(cfg.engine_url, "requests_total") - before == 4  # 2 evaluation + 2 hint votes
+    assert judge.report()["llm_endpoint_errors"] == 0
+
+
 def test_report_shows_how_long_turns_waited_for_the_judge(tiny_model, tmp_path):
     import time
 
