@@ -23,13 +23,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.learning_iv_rows import DATA, ROWS, RULE, USERS, choose, run_row  # noqa: E402
+from benchmarks.learning_iv_rows import DATA, ROWS, RULE, SERVING, USERS, choose, run_row  # noqa: E402
 from benchmarks.learning_iv_table import write_tables  # noqa: E402
 
 PROBE = DATA / "probe.json"
 PROBE_SETTINGS = {"n": 16, "reader": "free_text", "max_tokens": 64, "phrasing": "free", "hint": "user"}
-SERVING = ["model.name=qwen2.5-coder-0.5b-instruct", "lora.enabled=false", "serve.max_running_requests=16",
-           "serve.context_length=2048"]
 
 
 def load(path: Path) -> dict:

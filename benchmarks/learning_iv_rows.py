@@ -6,20 +6,25 @@ same users, seed, lr, teacher (the base with the hint, adapter off), steps, batc
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.judge_truth import judge_agreement  # noqa: E402
+from benchmarks.judge_truth import hint_uptake, judge_agreement  # noqa: E402
 from benchmarks.runs import Run  # noqa: E402
 from clawr1.report import load_run  # noqa: E402
 
 DATA = REPO / "docs/benchmarks/learning-iv"
 OUT = REPO / "runs/learning_iv"
+# the base model served alone: for the probe, and for the uptake of the llm judge's hints
+SERVING = ["model.name=qwen2.5-coder-0.5b-instruct", "lora.enabled=false", "serve.max_running_requests=16",
+           "serve.context_length=2048"]
 
 # profile seeds no earlier benchmark or test used (tests and sweeps: 0-4; benchmarks/fair.py: 1000-1005). Nothing
 # is tuned (one lr for all, LR), so there are no tuning users; any later tuning draws its own
@@ -105,6 +110,28 @@ def run_row(row: str) -> None:
             print(f"[learning_iv] {row} {name}: {run.path.relative_to(REPO)}", flush=True)
         minutes = run.start()
         save_result(row, name, run, minutes)
+    if setting == "llm":
+        add_hint_uptake(row)
+
+
+def add_hint_uptake(row: str) -> None:
+    """Each run's entry in runs/<row>.json gains the uptake of its judge's hints by the base model, on an engine
+    started for it (benchmarks/judge_truth.py), once."""
+    from clawr1.bench import serving_stack
+    from clawr1.config import load_config
+
+    out = DATA / "runs" / f"{row}.json"
+    data = json.loads(out.read_text())
+    todo = [name for name, r in data["recipes"].items() if "hints" not in r]
+    if not todo:
+        return
+    with tempfile.TemporaryDirectory() as tmp, \
+            serving_stack(str(REPO / "recipes/combined/cpu_qwen05_lora.yaml"), SERVING, Path(tmp)):
+        engine_url = load_config(Path(tmp) / "config.yaml").engine_url
+        for name in todo:
+            run_dir = OUT / row / data["recipes"][name]["run"]
+            data["recipes"][name]["hints"] = asyncio.run(hint_uptake(run_dir, engine_url))
+            out.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 def per_user_curves(path: Path) -> dict[str, list[tuple[int, float]]]:

@@ -89,13 +89,17 @@ def comparisons(rows: dict[str, dict]) -> list[dict]:
 def recipe_table(row: dict) -> list[str]:
     users = paired_users(row)
     lines = [f"Users: {len(users)}; mean ± sample std over users.", "",
-             "| recipe | final score | area | judge agreed with the truth | minutes |", "|---|---|---|---|---|"]
+             "| recipe | final score | area | judge agreed with the truth | its hints' uptake | minutes |",
+             "|---|---|---|---|---|---|"]
     for recipe, r in row["recipes"].items():
         cells = [f"{statistics.fmean(v):.3f} ± {sample_std(v):.3f}"
                  for v in ([r["users"][u][m] for u in users] for m in METRICS)]
         judge = r.get("judge", {})
         agreed = f"{judge['agreement']:.2f} of {judge['scored']} scored turns" if judge.get("scored") else "-"
-        lines.append(f"| {recipe} | {' | '.join(cells)} | {agreed} | {r['minutes']} |")
+        hints = r.get("hints", {})
+        uptake = (f"{hints['uptake']:+.2f} over {hints['hinted_turns']} hinted turns" if hints.get("hinted_turns")
+                  else "-")
+        lines.append(f"| {recipe} | {' | '.join(cells)} | {agreed} | {uptake} | {r['minutes']} |")
     versions = sorted({v for r in row["recipes"].values() for c in r["users"].values() for v, _ in c["curve"]})
     lines += ["", "Mean held-out score over users at each evaluated version (the curve):", "",
               "| recipe | " + " | ".join(f"v{v}" for v in versions) + " |", "|---|" + "---|" * len(versions)]
