@@ -45,7 +45,8 @@ SEED = 58
 LR = 5e-4  # one lr for all recipes, not tuned: Tinker's LoRA rule for a Qwen of hidden size 896 (the recipes')
 SAMPLES_PER_USER = 4  # a step: each user's GRPO group of 4 sessions asking the same questions
 JUDGE = {
-    # 1. the rules judge, always right, its hints the directives it maps the user's words to
+    # 1. the rules judge with no error injected (accuracy 1.0; it still misreads some follow-ups: judge_truth.py),
+    # its hints the directives it maps the user's words to
     "directive": ["judge.rules_hint=directive"],
     # 2. the rules judge wrong 30% of the time: flipped scores, and hints that contradict the user's wish
     "noisy": ["judge.rules_hint=directive", "judge.score_noise=0.3", "judge.hint_noise=0.3",
