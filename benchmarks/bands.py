@@ -16,7 +16,8 @@ def band(curves: list[Curve]) -> tuple[list[int], list[float], list[float]]:
     return versions, [statistics.fmean(s) for s in at], [sample_std(s) for s in at]
 
 
-def plot_bands(curves_by_recipe: dict[str, list[Curve]], title: str, out_png: Path) -> Path:
+def plot_bands(curves_by_recipe: dict[str, list[Curve]], title: str, out_png: Path, unit: str = "runs") -> Path:
+    """One line per recipe, its band over the recipe's curves (each a run, or with `unit` "users" a user's)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -25,7 +26,7 @@ def plot_bands(curves_by_recipe: dict[str, list[Curve]], title: str, out_png: Pa
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for recipe, curves in curves_by_recipe.items():
         versions, mean, std = band(curves)
-        line, = ax.plot(versions, mean, marker="o", markersize=3, label=f"{recipe} ({len(curves)} runs)")
+        line, = ax.plot(versions, mean, marker="o", markersize=3, label=f"{recipe} ({len(curves)} {unit})")
         ax.fill_between(versions, [max(m - s, 0.0) for m, s in zip(mean, std)],
                         [min(m + s, 1.0) for m, s in zip(mean, std)], color=line.get_color(), alpha=0.2)
     ax.set_title(title)

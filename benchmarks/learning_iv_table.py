@@ -20,6 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.bands import plot_bands  # noqa: E402
 from benchmarks.learning_iv_rows import ROWS, counted_kinds  # noqa: E402
 from benchmarks.stats import holm, paired_bootstrap, paired_t, sample_std, t_quantile  # noqa: E402
 
@@ -146,15 +147,19 @@ def render_tables(data: Path = DATA) -> str:
                   f"final score of about {resolvable(n, m):.2f} (80% power, Holm's first threshold, each user's "
                   f"score over {EVAL_SIZE} questions); smaller true differences read as ties.", ""]
     for name, row in rows.items():
-        lines += [f"## {name}", "", *recipe_table(row), ""]
+        lines += [f"## {name}", "", *recipe_table(row), "", f"![{name}: mean ± sample std over users]({name}.png)", ""]
     if found:
         lines += ["## Combined against the others", "", *comparison_table(found), ""]
     return "\n".join(lines) + "\n"
 
 
 def write_tables(data: Path = DATA) -> str:
-    """data/table.md from the JSON beside it; its text."""
+    """data/table.md from the JSON beside it, and each row's curves as data/<row>.png; the table's text."""
     text = render_tables(data)
     data.mkdir(parents=True, exist_ok=True)
     (data / "table.md").write_text(text)
+    for name, row in load_rows(data).items():
+        users = paired_users(row)
+        curves = {recipe: [r["users"][u]["curve"] for u in users] for recipe, r in row["recipes"].items()}
+        plot_bands(curves, f"learning IV, {name}: held-out score, {len(users)} users", data / f"{name}.png", "users")
     return text

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from benchmarks.learning_iv_rows import choose, shared_settings
-from benchmarks.learning_iv_table import DATA, render_tables
+from benchmarks.learning_iv_table import DATA, render_tables, write_tables
 from tests.conftest import REPO
 
 
@@ -73,3 +73,5 @@ def test_a_clear_difference_wins_and_a_small_one_ties(tmp_path):
     assert rows[("binary_rl", "final")].rstrip(" |").endswith("combined wins")
     assert rows[("opd", "final")].rstrip(" |").endswith("tie")  # +-0.02 by turns: no difference
     assert "| combined | 0.600 ± 0.151 |" in text  # mean and sample std over the 10 users
+    assert write_tables(tmp_path) == text and (tmp_path / "table.md").read_text() == text
+    assert (tmp_path / "directive-16.png").read_bytes().startswith(b"\x89PNG")  # the curves the table links
