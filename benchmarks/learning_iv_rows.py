@@ -83,7 +83,8 @@ def choose(probed: dict[int, dict]) -> dict[str, list[str]]:
 
 def shared_settings(users: dict[str, list[str]], steps: int) -> list[str]:
     """What every recipe's run of a row shares: the users with their kinds, one adapter each, the seed, the lr,
-    the batch (SAMPLES_PER_USER a user), the users' free wording, 5 evaluations, checkpoints to resume from."""
+    the batch (SAMPLES_PER_USER a user), the answers in flight, the users' free wording, 5 evaluations,
+    checkpoints to resume from."""
     seeds = [int(u) for u in users]
     kinds = "{" + ", ".join(f"{u}: [{', '.join(k)}]" for u, k in users.items()) + "}"
     return [f"run.seed={SEED}", f"run.max_steps={steps}", f"trainer.lr={LR:g}",
@@ -91,6 +92,10 @@ def shared_settings(users: dict[str, list[str]], steps: int) -> list[str]:
             "rollout.env_args.phrasing=free", f"rollout.env_args.group_size={SAMPLES_PER_USER}",
             f"pool.group_size={SAMPLES_PER_USER}", f"pool.batch_size={SAMPLES_PER_USER * len(users)}",
             f"rollout.max_pool_backlog={2 * SAMPLES_PER_USER * len(users)}",
+            # 2 episodes of 4 sessions: the recipe's 8 answers at a time. 8 episodes (32 sessions) on its 16-request
+            # engine made requests wait past 120 s: episodes failed and an evaluation never ended. A request may
+            # wait 15 minutes behind the evaluations' 128 questions on 2 cores
+            "rollout.concurrency=2", "rollout.request_timeout_s=900",
             "lora.per_user=true", f"lora.slots={len(users)}", f"rollout.eval_every={steps // 4}",
             "rollout.eval_size=16", "trainer.checkpoint_every=4"]
 
