@@ -96,6 +96,8 @@ def shared_settings(users: dict[str, list[str]], steps: int) -> list[str]:
             # engine made requests wait past 120 s: episodes failed and an evaluation never ended. A request may
             # wait 15 minutes behind the evaluations' 128 questions on 2 cores
             "rollout.concurrency=2", "rollout.request_timeout_s=900",
+            # the trainer's wait for its first batch includes the base's evaluation (7 minutes for 8 users)
+            "trainer.batch_wait_timeout_s=1800",
             "lora.per_user=true", f"lora.slots={len(users)}", f"rollout.eval_every={steps // 4}",
             "rollout.eval_size=16", "trainer.checkpoint_every=4"]
 
