@@ -47,6 +47,7 @@ def test_pairs_must_match():
 # The t-distribution's functions: a continued fraction that stops once a step changes it by under 1e-15 (about 5
 # float64 eps), after at most a few hundred roundings; 1,000 eps at the value's magnitude bounds both.
 T_DEPTH = 1000
+EPS = torch.finfo(torch.float64).eps
 
 
 def test_t_cdf_matches_the_closed_forms_of_one_and_two_degrees_of_freedom():
@@ -56,25 +57,42 @@ def test_t_cdf_matches_the_closed_forms_of_one_and_two_degrees_of_freedom():
     assert t_cdf(1.0, 5) > t_cdf(1.0, 1)  # more degrees of freedom: thinner tails
 
 
-def test_t_quantile_inverts_the_cdf_and_gives_the_tables_values():
+def t2_quantile(p: float) -> float:
+    """Student's t with 2 degrees of freedom has a closed-form inverse."""
+    return (2 * p - 1) / math.sqrt(2 * p * (1 - p))
+
+
+def t2_density(t: float) -> float:
+    return (2 + t * t) ** -1.5
+
+
+def quantile_bound(density: float, magnitude: float) -> float:
+    """How far an inverse found by bisection may sit from the exact one: the cdf's error divided by the density
+    there, plus the rounding of the value itself."""
+    return T_DEPTH * EPS / density + 4 * EPS * magnitude
+
+
+def test_t_quantile_inverts_the_cdf_of_one_and_two_degrees_of_freedom():
     for p in (0.6, 0.9, 0.975, 0.995):
-        t = t_quantile(p, 1)
-        exact = math.tan(math.pi * (p - 0.5))
-        # the cdf's error, divided by the density at t, is how far the inverse may move
-        density = 1 / (math.pi * (1 + exact * exact))
-        assert abs(t - exact) <= T_DEPTH * torch.finfo(torch.float64).eps / density
-    # printed tables (6 significant digits): the 97.5% points of 3, 7 and 11 degrees of freedom
-    for df, table in ((3, 3.18245), (7, 2.36462), (11, 2.20099)):
-        assert abs(t_quantile(0.975, df) - table) <= 5e-6
+        exact1 = math.tan(math.pi * (p - 0.5))
+        assert abs(t_quantile(p, 1) - exact1) <= quantile_bound(1 / (math.pi * (1 + exact1 ** 2)), abs(exact1))
+        exact2 = t2_quantile(p)
+        assert abs(t_quantile(p, 2) - exact2) <= quantile_bound(t2_density(exact2), exact2)
+    assert t_quantile(0.975, 30) < t_quantile(0.975, 3)  # more degrees of freedom: a narrower interval
 
 
 def test_paired_t_interval_and_p_on_hand_numbers():
-    a, b = [1.0, 2.0, 3.0, 4.5], [0.5, 1.9, 2.0, 4.0]  # differences 0.5, 0.1, 1.0, 0.5
+    a, b = [1.0, 2.0, 3.0], [0.5, 1.9, 2.0]  # differences 0.5, 0.1, 1.0: 2 degrees of freedom
     mean, lo, hi, p = paired_t(a, b)
-    se = statistics.stdev([0.5, 0.1, 1.0, 0.5]) / 2
-    assert_close(mean, 0.525, torch.float64, 8)
-    assert abs((hi - lo) / 2 - 3.18245 * se) <= 5e-6 * se  # t(0.975, 3 df) from the table, to its digits
-    assert 0.05 < p < 0.1 and lo < 0 < hi  # a 95% interval that holds 0 and a p above 0.05 agree
+    se = statistics.stdev([0.5, 0.1, 1.0]) / math.sqrt(3)
+    assert_close(mean, 1.6 / 3, torch.float64, 8)
+    half, exact = (hi - lo) / 2, t2_quantile(0.975) * se
+    # the quantile's own bound, scaled by se, and a few roundings of the product and the differences
+    assert abs(half - exact) <= quantile_bound(t2_density(t2_quantile(0.975)), 1.0) * se + 8 * EPS * exact
+    # p from the t-statistic by the cdf's closed form for 2 degrees of freedom
+    t = mean / se
+    assert_close(p, 1 - t / math.sqrt(2 + t * t), torch.float64, T_DEPTH, 1.0)
+    assert lo < 0 < hi and p > 0.05  # a 95% interval that holds 0 and a p above 0.05 agree
     assert paired_t([1.0, 2.0], [0.0, 1.0])[3] == 0.0  # every pair differs alike: no doubt left
     with pytest.raises(ValueError, match="equal length >= 2"):
         paired_t([1.0], [0.0])
