@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -23,20 +22,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.learning_iv_rows import DATA, ROWS, RULE, SERVING, USERS, choose, run_row  # noqa: E402
+from benchmarks.learning_iv_rows import (DATA, ROWS, RULE, SERVING, USERS, choose, read_json,  # noqa: E402
+                                         run_row, write_json)
 from benchmarks.learning_iv_table import write_tables  # noqa: E402
 
 PROBE = DATA / "probe.json"
 PROBE_SETTINGS = {"n": 16, "reader": "free_text", "max_tokens": 64, "phrasing": "free", "hint": "user"}
-
-
-def load(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
-def save(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 def probe_users() -> None:
@@ -44,7 +35,7 @@ def probe_users() -> None:
     from benchmarks.teacher_probe import measure
     from clawr1.bench import serving_stack
 
-    done = load(PROBE)
+    done = read_json(PROBE)
     todo = [u for group in USERS.values() for u in group if str(u) not in done.get("users", {})]
     if not todo:
         print("[learning_iv] probe: every drawn user is probed", flush=True)
@@ -57,19 +48,19 @@ def probe_users() -> None:
             result = asyncio.run(measure(url, user, s["n"], s["reader"], s["max_tokens"], s["phrasing"], s["hint"],
                                          signal=False))
             done.setdefault("users", {})[str(user)] = result
-            save(PROBE, done)
+            write_json(PROBE, done)
             print(f"[learning_iv] probe: user {user} {result['profile']}: "
                   + ", ".join(f"{k} {result[f'uptake_{k}']:+.2f}" for k in result["profile"]), flush=True)
 
 
 def select_users() -> None:
     """users.json: per group, each drawn user's counted kinds (the rule in RULE), from probe.json only."""
-    probed = load(PROBE).get("users", {})
+    probed = read_json(PROBE).get("users", {})
     missing = [u for group in USERS.values() for u in group if str(u) not in probed]
     if missing:
         raise SystemExit(f"users {missing} are not probed yet: run `python benchmarks/learning_iv.py probe`")
     chosen = {group: choose({u: probed[str(u)] for u in users}) for group, users in USERS.items()}
-    save(DATA / "users.json", {"rule": RULE, **chosen})
+    write_json(DATA / "users.json", {"rule": RULE, **chosen})
     for group, users in chosen.items():
         print(f"[learning_iv] {group}: {len(users)} users: {users}", flush=True)
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -17,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.judge_truth import hint_uptake, judge_agreement  # noqa: E402
-from benchmarks.runs import Run  # noqa: E402
+from benchmarks.runs import Run, final_and_area  # noqa: E402
 from clawr1.report import load_run  # noqa: E402
 
 DATA = REPO / "docs/benchmarks/learning-iv"
@@ -59,6 +58,17 @@ JUDGE = {
 # hour on 2 cores)
 ROWS = {"directive-16": ("directive", 16, {**RECIPES, **CONTRASTIVE}), "noisy-16": ("noisy", 16, RECIPES),
         "llm-16": ("llm", 16, RECIPES), "directive-48": ("directive", 48, RECIPES)}
+
+
+def read_json(path: Path) -> dict:
+    """A JSON file of docs/benchmarks/learning-iv/ ({} while it does not exist)."""
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def write_json(path: Path, data: dict) -> None:
+    """A JSON file of docs/benchmarks/learning-iv/, in the committed layout (sorted keys, one-space indent)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 def counted_kinds(probe: dict) -> list[str]:
@@ -110,7 +120,7 @@ def run_row(row: str) -> None:
     users_file = DATA / "users.json"
     if not users_file.exists():
         raise SystemExit("no users chosen yet: run `python benchmarks/learning_iv.py probe`, then `select`")
-    users = json.loads(users_file.read_text())["evaluation"]
+    users = read_json(users_file)["evaluation"]
     for name, (recipe, extra) in runs.items():
         run = Run(OUT / row, name.replace(" ", "_"), REPO / "recipes" / recipe / "cpu_qwen05_lora.yaml",
                   tuple(shared_settings(users, steps) + JUDGE[setting] + list(extra)))
@@ -129,7 +139,7 @@ def add_hint_uptake(row: str) -> None:
     from clawr1.config import load_config
 
     out = DATA / "runs" / f"{row}.json"
-    data = json.loads(out.read_text())
+    data = read_json(out)
     todo = [name for name, r in data["recipes"].items() if "hints" not in r]
     if not todo:
         return
@@ -139,7 +149,7 @@ def add_hint_uptake(row: str) -> None:
         for name in todo:
             run_dir = OUT / row / data["recipes"][name]["run"]
             data["recipes"][name]["hints"] = asyncio.run(hint_uptake(run_dir, engine_url))
-            out.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+            write_json(out, data)
 
 
 def per_user_curves(path: Path) -> dict[str, list[tuple[int, float]]]:
@@ -147,20 +157,23 @@ def per_user_curves(path: Path) -> dict[str, list[tuple[int, float]]]:
     return load_run(path).per_user["score"]
 
 
+def per_user_result(curve: list[tuple[int, float]]) -> dict:
+    final, area = final_and_area(curve)
+    return {"final": final, "area": round(area, 6), "curve": curve}
+
+
 def save_result(row: str, recipe: str, run: Run, minutes: float) -> None:
     """runs/<row>.json gains the recipe's per-user final score, area (mean over evaluations) and curve, and how
     often its judge agreed with the users' truth (minutes: this sitting's; 0 for a run that finished before)."""
     out = DATA / "runs" / f"{row}.json"
-    data = json.loads(out.read_text()) if out.exists() else {"row": row, "recipes": {}}
+    data = read_json(out) or {"row": row, "recipes": {}}
     if recipe in data["recipes"]:
         data["recipes"][recipe].setdefault("judge", judge_agreement(run.path))  # rows saved before it was kept
-        out.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        write_json(out, data)
         return
     curves = per_user_curves(run.path)
     data["recipes"][recipe] = {
         "run": run.path.name, "overrides": list(run.overrides), "minutes": round(minutes, 1),
         "judge": judge_agreement(run.path),
-        "users": {u.removeprefix("u"): {"final": c[-1][1], "area": round(statistics.fmean(v for _, v in c), 6),
-                                        "curve": c} for u, c in sorted(curves.items())}}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        "users": {u.removeprefix("u"): per_user_result(c) for u, c in sorted(curves.items())}}
+    write_json(out, data)

@@ -11,7 +11,6 @@
 """
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import sys
@@ -21,10 +20,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.bands import plot_bands  # noqa: E402
-from benchmarks.learning_iv_rows import ROWS, counted_kinds  # noqa: E402
+from benchmarks.learning_iv_rows import DATA, ROWS, counted_kinds, read_json  # noqa: E402
 from benchmarks.stats import holm, paired_bootstrap, paired_t, sample_std, t_quantile  # noqa: E402
 
-DATA = REPO / "docs/benchmarks/learning-iv"
 ALPHA = 0.05
 METRICS = ("final", "area")
 # (combined variant, the recipe it is compared with): each combined against binary RL and the OPD of its baseline
@@ -125,13 +123,12 @@ def comparison_table(found: list[dict]) -> list[str]:
 
 def load_rows(data: Path) -> dict[str, dict]:
     files = {p.stem: p for p in (data / "runs").glob("*.json")}
-    return {name: json.loads(files[name].read_text()) for name in ROWS if name in files}
+    return {name: read_json(files[name]) for name in ROWS if name in files}
 
 
 def render_tables(data: Path = DATA) -> str:
     """The tables' markdown from the JSON in `data` alone."""
-    probe = json.loads((data / "probe.json").read_text()) if (data / "probe.json").exists() else {}
-    users = json.loads((data / "users.json").read_text()) if (data / "users.json").exists() else {}
+    probe, users = read_json(data / "probe.json"), read_json(data / "users.json")
     chosen = users.get("evaluation", {})
     rows = load_rows(data)
     found = comparisons(rows)

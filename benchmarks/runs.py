@@ -64,10 +64,14 @@ class Run:
         return (time.monotonic() - t0) / 60
 
 
-def scores(path: Path) -> tuple[float, float]:
+def final_and_area(curve: list[tuple[int, float]]) -> tuple[float, float]:
     """(final held-out score, area under the score curve: the mean over evaluated versions)."""
-    curve = load_run(path).series["score"]
     return curve[-1][1], statistics.fmean(v for _, v in curve)
+
+
+def scores(path: Path) -> tuple[float, float]:
+    """The run's final held-out score and area (`final_and_area` of its mean score curve)."""
+    return final_and_area(load_run(path).series["score"])
 
 
 def last_evaluation(path: Path) -> dict:

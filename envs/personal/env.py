@@ -111,8 +111,8 @@ class PersonalEnv:
         self._next_user = itertools.cycle(self.profiles)
         self.read = READERS[self.cfg.reader]
         per_user = [f"personalization_score_{u}" for u in self.profiles] if self.named_users else []
-        self.kinds = [k for k in KINDS if any(k in p for p in self.profiles.values())]  # every user's, together
-        self.eval_metrics = ("personalization_score", *per_user, *(f"pref_{kind}" for kind in self.kinds))
+        self.held_kinds = [k for k in KINDS if any(k in p for p in self.profiles.values())]  # any user's
+        self.eval_metrics = ("personalization_score", *per_user, *(f"pref_{kind}" for kind in self.held_kinds))
         self.seed = seed
         c = self.cfg
         self.user_llm = LlmUser(c.user_llm_url, c.user_llm_model, c.user_llm_api_key_env) if c.user_llm_url else None
@@ -219,7 +219,7 @@ class PersonalEnv:
             out[f"personalization_score_{user}"] = sum(not w for w in wrong) / n
             out.update({f"pref_{kind}_{user}": sum(kind not in w for w in wrong) / n for kind in self.profiles[user]})
         out["personalization_score"] = sum(out[f"personalization_score_{u}"] for u in per_user) / len(per_user)
-        for kind in self.kinds:  # over the users who hold the kind
+        for kind in self.held_kinds:  # over the users who hold the kind
             held = [out[f"pref_{kind}_{u}"] for u in per_user if kind in self.profiles[u]]
             out[f"pref_{kind}"] = sum(held) / len(held)
         if not self.named_users:  # one user: the plain names only
