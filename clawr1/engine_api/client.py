@@ -240,12 +240,16 @@ class UpdateProtocol:
     "abort" elsewhere (every running request ends with finish_reason abort, then the flush is
     accepted). session: wrap the update in /begin_weight_update ... /end_weight_update (True),
     never (False), or unknown (None: the first /begin_weight_update tells, 404 meaning no).
+    adapter_tensors: whether LoRA adapters may come as tensors in the request. Not to SGLang on CPU: it takes
+    pickled tensors whose memory is shared, which on CPU means file descriptors handed over by the sender's
+    multiprocessing resource sharer; the server cannot authenticate to it, and its scheduler dies (0.5.23).
     """
 
     engine: str
     pause_mode: str
     session: Optional[bool]
     release: Optional[str] = None  # the version SGLang reported, as it reported it
+    adapter_tensors: bool = True
 
 
 def _release(version: Any) -> Optional[tuple[tuple[int, int, int], bool]]:
@@ -271,12 +275,12 @@ def update_protocol(info: Optional[dict]) -> UpdateProtocol:
     if release is None:  # not SGLang, or one that does not say: the safe choices, and ask about the session
         return UpdateProtocol(f"unknown engine (version {version!r})", "abort", None)
     base, final = release
-    name = f"sglang {version}"
+    name, tensors = f"sglang {version}", info.get("device") != "cpu"
     if base > SESSION_SINCE or (base == SESSION_SINCE and final):
-        return UpdateProtocol(name, "retract", True, version)
+        return UpdateProtocol(name, "retract", True, version, tensors)
     if base < SESSION_SINCE:
-        return UpdateProtocol(name, "abort", False, version)
-    return UpdateProtocol(name, "abort", None, version)  # a pre-release of 0.5.21: may or may not have either change
+        return UpdateProtocol(name, "abort", False, version, tensors)
+    return UpdateProtocol(name, "abort", None, version, tensors)  # a 0.5.21 pre-release: may or may not have either
 
 
 def detect_update_protocol(http: httpx.Client) -> UpdateProtocol:
@@ -423,8 +427,12 @@ class SyncEngineClient:
                            f"load_lora_adapter {name}")
 
     def load_lora_adapter_from_tensors(self, name: str, config: dict, tensors: dict, tp_size: int = 1) -> dict:
-        """PEFT tensors in the request, in the shape this engine's kind and release take."""
+        """PEFT tensors in the request, in the shape this engine's kind and release take; EngineError, sending
+        nothing, to an engine that cannot take them (UpdateProtocol.adapter_tensors)."""
         proto = self.update_protocol()
+        if not proto.adapter_tensors:
+            raise EngineError(f"load_lora_adapter_from_tensors {name}: {proto.engine} on CPU takes adapters from disk "
+                              "only (/load_lora_adapter)")
         release = _release(proto.release)
         payload = lora.load_from_tensors_payload(name, config, tensors, embedded=proto.engine == EMBEDDED_ENGINE,
                                                  release=release[0] if release else None, tp_size=tp_size)

@@ -1,8 +1,8 @@
 """SGLang as the serving backend (serve.backend=sglang): launch command, supervised server, `clawr1 serve` path.
 
-SGLang needs a GPU, so nothing here runs SGLang on CPU machines: the contract tests
-(tests/serving/test_sglang_contract.py) pin the exact argument list and drive
-`SGLangServer` with a stand-in server script. Flags follow docs/sglang_api_notes.md §7.
+On a GPU, or on CPU in the environment scripts/setup_sglang.sh makes (docs/serving.md, "SGLang on CPU").
+tests/sglang/ runs real SGLang; the contract tests (tests/serving/test_sglang_contract.py) pin the exact
+argument list. Flags follow docs/sglang_api_notes.md §7.
 """
 from __future__ import annotations
 
@@ -40,14 +40,52 @@ def _validate(model_path: str, port: int, weight_version: int) -> None:
         raise ValueError(f"weight_version must be >= 0, got {weight_version}")
 
 
+CPU_KV_TOKENS = 4096  # SGLang's KV pool on CPU when serve.max_total_tokens is 0
+# of the memory free at start, when serve.sglang.mem_fraction_static is 0: on CPU a check that the weights fit (the KV
+# pool is --max-total-tokens); 0.1 refused SmolLM2 (0.5 GB) on a busy 24 GiB machine
+CPU_MEM_FRACTION = 0.8
+
+
+def on_cpu(s: SGLangConfig) -> bool:
+    """serve.sglang.device, with auto resolved: cpu when this machine's torch sees no GPU."""
+    if s.device != "auto":
+        return s.device == "cpu"
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def cpu_flags(cfg: Config) -> list[str]:
+    """What SGLang 0.5.23 needs to serve on CPU (its torch attention; no overlap thread; an idle scheduler that
+    sleeps instead of spinning a core)."""
+    flags = ["--device", "cpu", "--attention-backend", "torch_native", "--disable-overlap-schedule", "--sleep-on-idle"]
+    if cfg.serve.max_loras:
+        flags += ["--lora-backend", "torch_native"]
+    return flags
+
+
+def launch_env(cfg: Config) -> dict[str, str]:
+    """The server's environment: never a model hub; on CPU, SGLang's CPU engine with serve.num_threads threads."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    if on_cpu(cfg.serve.sglang):
+        env.update(SGLANG_USE_CPU_ENGINE="1", OMP_NUM_THREADS=str(cfg.serve.num_threads))
+    return env
+
+
 def launch_command(cfg: Config, model_path: str, port: int, weight_version: int = 0) -> list[str]:
     """`python -m sglang.launch_server ...` for this config, validated (ValueError names the bad key)."""
     s = cfg.serve.sglang
     _validate(model_path, port, weight_version)
+    cpu = on_cpu(s)
+    dtype = "float32" if cpu and s.dtype == "auto" else s.dtype
     cmd = [python_of(s), "-m", "sglang.launch_server", "--model-path", model_path,
-           "--host", cfg.serve.host, "--port", str(port), "--tp-size", str(s.tp_size), "--dtype", s.dtype]
-    if s.mem_fraction_static:
-        cmd += ["--mem-fraction-static", str(s.mem_fraction_static)]
+           "--host", cfg.serve.host, "--port", str(port), "--tp-size", str(s.tp_size), "--dtype", dtype]
+    if cpu:
+        cmd += cpu_flags(cfg)
+    if s.mem_fraction_static or cpu:
+        cmd += ["--mem-fraction-static", str(s.mem_fraction_static or CPU_MEM_FRACTION)]
+    if cfg.serve.max_total_tokens or cpu:
+        cmd += ["--max-total-tokens", str(cfg.serve.max_total_tokens or CPU_KV_TOKENS)]
     if s.context_length:
         cmd += ["--context-length", str(s.context_length)]
     if s.tool_call_parser:
@@ -89,6 +127,7 @@ class SGLangServer:
     def __init__(self, cfg: Config, model_path: str, port: int, log_path: str | os.PathLike, *,
                  weight_version: int = 0, command: Optional[Sequence[str]] = None, die_with_parent: bool = True):
         self.command = list(command) if command is not None else launch_command(cfg, model_path, port, weight_version)
+        self.env = launch_env(cfg)
         self.url = f"http://{_local_host(cfg.serve.host)}:{port}"
         self.log_path = Path(log_path)
         self.die_with_parent = die_with_parent
@@ -97,7 +136,7 @@ class SGLangServer:
     def start(self) -> "SGLangServer":
         if self.proc is not None:
             raise RuntimeError("this SGLangServer was already started")
-        self.proc = start_process(self.command, self.log_path, dies_with_parent=self.die_with_parent)
+        self.proc = start_process(self.command, self.log_path, env=self.env, dies_with_parent=self.die_with_parent)
         log.info("started SGLang (pid %d, log %s): %s", self.proc.pid, self.log_path, " ".join(self.command))
         return self
 
@@ -192,12 +231,12 @@ def _interrupt_once(signum: int, frame) -> None:
 def serve_sglang(cfg: Config, model_path: str) -> int:
     """Run SGLang on cfg.serve.port until it exits or this process gets SIGTERM/SIGINT; its exit status.
 
-    Call from the main thread (it installs signal handlers). The server's output goes to
-    RUN_DIR/logs/sglang-server.log; a server that dies or stays unhealthy while starting raises
-    SGLangStartError naming that file.
+    Call from the main thread (it installs signal handlers). The server's output goes to RUN_DIR/logs/sglang-PORT.log
+    (a run's policy and teacher engines each have their own); a server that dies or stays unhealthy while starting
+    raises SGLangStartError naming that file.
     """
     _require_sglang(cfg.serve.sglang)
-    server = SGLangServer(cfg, model_path, cfg.serve.port, cfg.run_dir / "logs" / "sglang-server.log",
+    server = SGLangServer(cfg, model_path, cfg.serve.port, cfg.run_dir / "logs" / f"sglang-{cfg.serve.port}.log",
                           weight_version=cfg.serve.weight_version)
     previous = {sig: signal.signal(sig, _interrupt_once) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:

@@ -224,11 +224,12 @@ class NcclSink:
 
 class AdapterSink:
     """LoRA adapters only (lora.sync=adapter): each publish loads `slotK@vN` into every engine, from the tensors
-    themselves (/load_lora_adapter_from_tensors) or, where an engine refuses those (SGLang on another machine:
-    its tensors are pickled with shared memory), from a PEFT directory (/load_lora_adapter). Then it unloads
-    every other version the engine holds but the one before: the gateway routes to the newest version the
-    moment it hears of it, and an engine finishes an unloading adapter's in-flight requests first. After a
-    restart that also clears what the previous trainer left (versions of steps lost with a crash).
+    themselves (/load_lora_adapter_from_tensors) or, where an engine cannot take those (SGLang on CPU) or refuses
+    them (SGLang on another machine: its tensors are pickled with shared memory), from a PEFT directory
+    (/load_lora_adapter). Then it unloads every other version the engine holds but the one before: the gateway
+    routes to the newest version the moment it hears of it, and an engine finishes an unloading adapter's
+    in-flight requests first. After a restart that also clears what the previous trainer left (versions of steps
+    lost with a crash).
 
     RUN_DIR/adapters/vNNNNNN/slotK holds each published adapter, and RUN_DIR/adapters/current.json the newest
     version: a restarted gateway routes to it, and a restarted engine loads it."""
@@ -267,16 +268,25 @@ class AdapterSink:
         """Load one adapter; returns the names the engine holds after it (its reply's loaded_adapters). A name the
         engine holds already (left by a trainer that crashed after publishing this version) is replaced, once."""
         try:
-            return engine.load_lora_adapter_from_tensors(name, config, tensors, self.tp_size).get("loaded_adapters")
+            return self._send(engine, name, tensors, config, directory)
         except EngineError as e:
-            if "already loaded" not in str(e):
-                log.warning("engine %s refused the adapter's tensors (%s); loading %s from disk", engine.url, e,
-                            directory)
-                return engine.load_lora_adapter(name, str(directory.resolve())).get("loaded_adapters")
-            if not replace:
+            if "already loaded" not in str(e) or not replace:
                 raise
         _unload(engine, name)
         return self._load(engine, name, tensors, config, directory, replace=False)
+
+    def _send(self, engine: SyncEngineClient, name: str, tensors: dict, config: dict, directory: Path) -> dict:
+        """The tensors themselves where the engine takes them; otherwise (SGLang on CPU), or where it refuses them
+        (SGLang on another machine), the PEFT directory."""
+        if engine.update_protocol().adapter_tensors:
+            try:
+                return engine.load_lora_adapter_from_tensors(name, config, tensors, self.tp_size).get("loaded_adapters")
+            except EngineError as e:
+                if "already loaded" in str(e):
+                    raise
+                log.warning("engine %s refused the adapter's tensors (%s); loading %s from disk", engine.url, e,
+                            directory)
+        return engine.load_lora_adapter(name, str(directory.resolve())).get("loaded_adapters")
 
     def push(self, hf_state: dict[str, Tensor], version: int) -> str:
         raise TypeError("lora.sync=adapter publishes adapters (push_adapters), not full weights")

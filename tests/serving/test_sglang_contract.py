@@ -32,7 +32,7 @@ from clawr1.config import Config, ConfigError, free_port, load_config
 from clawr1.engine_api.client import (
     EngineClient, EngineError, Generation, SyncEngineClient, disk_update_payload, parse_generation, update_protocol,
 )
-from clawr1.serving.sglang import SGLangServer, SGLangStartError, launch_command, serve_sglang
+from clawr1.serving.sglang import SGLangServer, SGLangStartError, launch_command, launch_env, serve_sglang
 from clawr1.engine_api.weight_push import (
     BROADCAST_THREAD, DistributedWeightSync, WeightSyncError, begin_weight_update_payload, buckets, continue_payload,
     destroy_group_payload, dtype_name, end_weight_update_payload, init_group_payload, iter_buckets, pause_payload,
@@ -48,7 +48,7 @@ PY = sys.executable
 
 def test_launch_command_with_every_option():
     cfg = load_config(None, [
-        "serve.host=0.0.0.0", "serve.sglang.tp_size=2", "serve.sglang.mem_fraction_static=0.85",
+        "serve.host=0.0.0.0", "serve.sglang.device=cuda", "serve.sglang.tp_size=2", "serve.sglang.mem_fraction_static=0.85",
         "serve.sglang.context_length=32768", "serve.sglang.tool_call_parser=qwen25",
         "serve.sglang.reasoning_parser=qwen3", "serve.sglang.dtype=bfloat16",
         "serve.sglang.extra_args=[--trust-remote-code, --random-seed, '7']",
@@ -72,7 +72,7 @@ def test_launch_command_with_every_option():
 
 
 def test_launch_command_defaults_omit_unset_options():
-    assert launch_command(Config(), "Qwen/Qwen2.5-0.5B-Instruct", 30000) == [
+    assert launch_command(load_config(None, ["serve.sglang.device=cuda"]), "Qwen/Qwen2.5-0.5B-Instruct", 30000) == [
         PY, "-m", "sglang.launch_server",
         "--model-path", "Qwen/Qwen2.5-0.5B-Instruct",
         "--host", "127.0.0.1",
@@ -84,6 +84,31 @@ def test_launch_command_defaults_omit_unset_options():
         "--skip-server-warmup",
         "--enable-metrics",
     ]
+
+
+def test_launch_command_on_cpu_adds_sglangs_cpu_flags_and_float32():
+    cfg = load_config(None, ["serve.sglang.device=cpu", "serve.num_threads=2"])
+    assert launch_command(cfg, "/models/m", 30000) == [
+        PY, "-m", "sglang.launch_server", "--model-path", "/models/m", "--host", "127.0.0.1", "--port", "30000",
+        "--tp-size", "1", "--dtype", "float32",
+        "--device", "cpu", "--attention-backend", "torch_native", "--disable-overlap-schedule", "--sleep-on-idle",
+        "--mem-fraction-static", "0.8", "--max-total-tokens", "4096",
+        "--tool-call-parser", "qwen25", "--weight-version", "0", "--skip-server-warmup", "--enable-metrics",
+    ]
+    env = launch_env(cfg)
+    assert (env["SGLANG_USE_CPU_ENGINE"], env["OMP_NUM_THREADS"], env["HF_HUB_OFFLINE"]) == ("1", "2", "1")
+    lora = launch_command(load_config(None, ["serve.sglang.device=cpu", "serve.max_loras=2", "serve.max_total_tokens=2048",
+                                             "serve.sglang.dtype=bfloat16"]), "/models/m", 30000)
+    assert lora[lora.index("--dtype") + 1] == "bfloat16" and lora[lora.index("--max-total-tokens") + 1] == "2048"
+    assert lora[lora.index("--lora-backend") + 1] == "torch_native"
+
+
+def test_device_auto_is_cpu_exactly_where_torch_sees_no_gpu():
+    cmd = launch_command(Config(), "/models/m", 30000)
+    assert ("--device" in cmd) == (not torch.cuda.is_available())
+    gpu_env = launch_env(load_config(None, ["serve.sglang.device=cuda"]))
+    assert gpu_env["HF_HUB_OFFLINE"] == "1"
+    assert gpu_env.get("SGLANG_USE_CPU_ENGINE") == os.environ.get("SGLANG_USE_CPU_ENGINE")  # clawr1 sets it on CPU only
 
 
 def test_launch_command_without_tool_parser():
@@ -363,6 +388,8 @@ class FakeEngine:
     reported: the version /server_info reports, if not `version` (a patched build that misreports).
     nccl_version: reported in /model_info, as clawr1's embedded engine does (SGLang reports none).
     stuck_loras: /unload_lora_adapter says it unloaded, and keeps the adapter. unload_delay_s: it answers that late.
+    device: what /server_info reports; on "cpu" a tensor payload kills the server, as it does real SGLang 0.5.23
+    (tests/sglang): the pickled tensors' shared memory cannot be reached there.
     """
 
     def __init__(self, name: str, log: Log, wire: Wire, *, version: str | None = SGLANG_0_5_23,
@@ -370,8 +397,9 @@ class FakeEngine:
                  busy_flushes: int = 0, refuse_flushes: bool = False, in_session: bool = False,
                  has_begin: bool | None = None, old_model_info: bool = False, fail_disk: bool = False,
                  nccl_version: str | None = None, remote: bool = False, stuck_loras: bool = False,
-                 unload_delay_s: float = 0.0):
+                 unload_delay_s: float = 0.0, device: str = "cuda"):
         self.name, self.log, self.wire = name, log, wire
+        self.device, self.dead = device, False
         self.loras: dict[str, dict] = {}  # LoRA adapters by name: their tensors (or directory)
         self.remote = remote  # on another machine: pickled tensors (shared memory handles) cannot be read
         self.stuck_loras, self.unload_delay_s = stuck_loras, unload_delay_s
@@ -417,7 +445,7 @@ class FakeEngine:
         not_found = (404, {"detail": "Not Found"})
         if path in ("/server_info", "/get_server_info"):
             self.log.add("http", self.name, path, None)
-            return (200, {"version": self.reported, "tp_size": 1}) if self.reported else not_found
+            return (200, {"version": self.reported, "tp_size": 1, "device": self.device}) if self.reported else not_found
         if path in ("/model_info", "/get_model_info"):
             self.log.add("http", self.name, path, None)
             if path == "/model_info" and self.old_model_info:
@@ -495,6 +523,9 @@ class FakeEngine:
         blobs = body[field] if self.new else [body[field]]
         if self.remote:
             return reply("Failed to load LoRA adapter: cannot reach the sender's shared memory")
+        if self.device == "cpu":
+            self.dead = True  # real SGLang's scheduler dies of it (multiprocessing AuthenticationError)
+            return 500, {"detail": "the scheduler died"}
         import base64
         import pickle
 
@@ -1191,7 +1222,7 @@ def test_serve_sglang_runs_launch_server_and_stops_on_sigterm(tmp_path):
         os.kill(proc.pid, signal.SIGTERM)
         assert proc.wait(timeout=30) == 128 + signal.SIGTERM, proc.stdout.read().decode()
         assert not pid_alive(leader) and not pid_alive(worker)
-        assert "fake sglang listening" in (tmp_path / "run" / "logs" / "sglang-server.log").read_text()
+        assert "fake sglang listening" in (tmp_path / "run" / "logs" / f"sglang-{port}.log").read_text()
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -103,6 +103,25 @@ def test_the_adapter_sink_loads_versions_falls_back_to_disk_and_unloads_the_olde
     assert sorted(unloads) == ["slot0@v1", "slot0@v1", "slot1@v1", "slot1@v1"]
 
 
+def test_sglang_on_cpu_gets_adapters_from_disk_and_never_their_tensors(fleet, tmp_path):
+    log, _, (cpu,) = fleet(1, A={"device": "cpu"})
+    cfg = load_config(None, [f"run.dir={tmp_path}", "lora.enabled=true", "lora.per_user=true", "lora.slots=1",
+                             "serve.backend=sglang", "judge.teacher=frozen"])
+    client = SyncEngineClient(cpu.url)
+    try:
+        assert not client.update_protocol().adapter_tensors
+        with pytest.raises(EngineError, match="on CPU takes adapters from disk only"):
+            client.load_lora_adapter_from_tensors("x", CONFIG, TENSORS)
+        sink = AdapterSink(cfg, [client])
+        for version in (1, 2):
+            sink.push_adapters({0: TENSORS}, CONFIG, version)
+    finally:
+        client.close()
+    assert not cpu.dead and not any(e[2] == "/load_lora_adapter_from_tensors" for e in log.events)
+    assert {n: held["dir"].endswith(f"v{int(n.split('@v')[1]):06d}/slot0") for n, held in cpu.loras.items()} == {
+        "slot0@v1": True, "slot0@v2": True}
+
+
 def test_the_sink_replaces_a_leftover_adapter_once_and_outlives_a_slow_unload(fleet, tmp_path):
     log, _, (stuck, slow) = fleet(2, A={"stuck_loras": True}, B={"unload_delay_s": 1.0})
     cfg = load_config(None, [f"run.dir={tmp_path}", "lora.enabled=true", "serve.backend=sglang",
