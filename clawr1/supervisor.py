@@ -30,6 +30,7 @@ import httpx
 
 from clawr1.cluster import apply_partition, visible_devices
 from clawr1.config import Config, assign_free_ports, free_port, save_config
+from clawr1.engine_api.versions import newest_weights
 from clawr1.run_skeleton import Driver, LoopFailed, RunSkeleton, stop_stages
 from clawr1.runtime import ready_file, start_process, stop_processes
 from clawr1.tracking import MetricsWriter
@@ -78,15 +79,6 @@ def _refresh_master_port(wave: list[Loop]) -> None:
         for loop in wave:
             if "MASTER_PORT" in loop.env:
                 loop.env["MASTER_PORT"] = port
-
-
-def newest_weights(weights_dir: Path) -> Optional[tuple[Path, int]]:
-    """The newest complete published weight directory (vNNNNNN) and its version, if any."""
-    versions = [(int(d.name[1:]), d) for d in weights_dir.glob("v*") if d.name[1:].isdigit() and d.is_dir()]
-    if not versions:
-        return None
-    version, path = max(versions)
-    return path, version
 
 
 class Supervisor(RunSkeleton):
@@ -158,6 +150,7 @@ class Supervisor(RunSkeleton):
         for wave in self.plan():
             _refresh_master_port(wave)
             for loop in wave:
+                loop.args = self._start_args(loop)
                 self._start(loop)
             self._wait_ready(wave)
         return self.cfg
@@ -229,6 +222,11 @@ class Supervisor(RunSkeleton):
         self.echo(f"[run] restarted '{loops[0].unit}' (pid {', '.join(str(l.proc.pid) for l in loops)})")
         MetricsWriter(self.cfg.run_dir, "supervisor").log({"restarted": loops[0].unit, **{
             f"restarts_{unit}": n for unit, n in self.restart_policy.restarts.items()}})
+
+    def _start_args(self, loop: Loop) -> tuple[str, ...]:
+        """A resumed run's (--resume) policy engines start as restarted ones do, on the newest published weights
+        (the trainer resumes from its checkpoint by trainer.resume); every other loop as planned."""
+        return self._restart_args(loop) if self.cfg.trainer.resume and loop.command == "serve" else loop.args
 
     def _restart_args(self, loop: Loop) -> tuple[str, ...]:
         """A trainer resumes from its newest checkpoint and the pool's cursor; a policy engine loads the newest

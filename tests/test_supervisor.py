@@ -1,5 +1,5 @@
 """`clawr1 run`'s supervision: restart backoff and the crash-loop limit, the newest weights for a restarted
-engine, the ledger line; and a live run that stops once one loop keeps dying."""
+or resumed engine, the ledger line; and a live run that stops once one loop keeps dying."""
 from __future__ import annotations
 
 import os
@@ -7,8 +7,12 @@ import signal
 
 import pytest
 
+from clawr1.config import load_config
+from clawr1.engine_api.lora import write_current
+from clawr1.engine_api.versions import newest_weights, published_version
 from clawr1.run_skeleton import LoopFailed, RestartPolicy, ledger_line
-from clawr1.supervisor import newest_weights
+from clawr1.supervisor import Supervisor
+from tests.conftest import REPO
 
 
 def test_restarts_back_off_and_too_many_in_the_window_stop_the_run():
@@ -30,6 +34,23 @@ def test_a_restarted_engine_gets_the_newest_complete_weights(tmp_path):
     for name in ("v000007", "v000012", "v000013.tmp", "notes"):
         (tmp_path / "weights" / name).mkdir(parents=True)
     assert newest_weights(tmp_path / "weights") == (tmp_path / "weights" / "v000012", 12)
+
+
+def test_a_resumed_runs_policy_engine_starts_on_the_newest_published_weights(tmp_path):
+    (tmp_path / "weights" / "v000005").mkdir(parents=True)
+    for resume in (False, True):
+        sup = Supervisor(load_config(REPO / "recipes/combined/cpu.yaml", [f"run.dir={tmp_path}",
+                                                                           f"trainer.resume={str(resume).lower()}"]))
+        engines = {loop.name: loop for wave in sup.plan() for loop in wave if loop.command == "serve"}
+        assert set(engines) == {"serve", "teacher"}
+        newest = (f"model.path={tmp_path / 'weights' / 'v000005'}", "serve.weight_version=5")
+        assert sup._start_args(engines["serve"]) == ((*engines["serve"].args, *newest) if resume else
+                                                     engines["serve"].args)
+        assert sup._start_args(engines["teacher"]) == engines["teacher"].args  # the frozen teacher stays the base
+    assert published_version(tmp_path, adapters=False) == 5
+    assert published_version(tmp_path, adapters=True) == 0  # no adapters published
+    write_current(tmp_path / "adapters", 3, [0, 1])
+    assert published_version(tmp_path, adapters=True) == 3
 
 
 def test_the_ledger_line_balances_or_says_it_does_not():

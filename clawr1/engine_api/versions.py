@@ -1,7 +1,9 @@
-"""Weight versions as engines report them: one parser for every place that reads one."""
+"""Weight versions: as engines report them (one parser for every place that reads one), and the newest a run has
+published (what a resumed run's engines serve)."""
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Any, Optional
 
 
 def parse_version(value: Any) -> int:
@@ -24,3 +26,24 @@ def token_versions(meta: dict, n: int) -> list[int]:
                 out[i] = parse_version(span["version"])
         return out
     return [parse_version(meta.get("weight_version"))] * n
+
+
+def newest_weights(weights_dir: Path) -> Optional[tuple[Path, int]]:
+    """The newest complete published weight directory (vNNNNNN) and its version, if any."""
+    versions = [(int(d.name[1:]), d) for d in weights_dir.glob("v*") if d.name[1:].isdigit() and d.is_dir()]
+    if not versions:
+        return None
+    version, path = max(versions)
+    return path, version
+
+
+def published_version(run_dir: Path, adapters: bool) -> int:
+    """The newest version the run in `run_dir` has published: its LoRA adapters' (RUN_DIR/adapters/current.json)
+    where it publishes adapters, else its full weights' (RUN_DIR/weights); 0 before any publish."""
+    if adapters:
+        from clawr1.engine_api.lora import read_current
+
+        current = read_current(run_dir / "adapters")
+        return current["version"] if current else 0
+    newest = newest_weights(run_dir / "weights")
+    return newest[1] if newest else 0

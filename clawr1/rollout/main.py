@@ -4,7 +4,8 @@ The environment class comes from an import path (`rollout.env`), slime-style,
 implements `clawr1.environment.Environment`, and talks to the policy only through
 the gateway with the official `openai` client, exactly like any external agent.
 Held-out evaluation runs as side turns (never trained on) every
-`rollout.eval_every` weight versions, and once more at the final version; then
+`rollout.eval_every` weight versions, and once more at the final version (a resumed
+run starts at its newest published version, evaluated unless it already was); then
 the loop reports done and idles until stopped. Each evaluation record names the
 environment's headline metric (`eval_metric`), so the progress line and
 `clawr1 report` need not know the environment.
@@ -24,11 +25,12 @@ import openai
 
 from clawr1 import bus, protocol
 from clawr1.config import Config
+from clawr1.engine_api.versions import published_version
 from clawr1.chat_client import GatewayChat
 from clawr1.environment import check_environment, close_environment
 from clawr1.protocol import WeightsPublished
 from clawr1.runtime import load_object, mark_ready, ready_file, resolve_api_key, setup_logging
-from clawr1.tracking import MetricsWriter
+from clawr1.tracking import MetricsWriter, read_metrics
 
 log = logging.getLogger("clawr1.rollout")
 
@@ -138,6 +140,11 @@ def raise_worker_failure(workers: list[asyncio.Task]) -> None:
             raise error
 
 
+def evaluated(cfg: Config, version: int) -> bool:
+    """Whether this run's metrics already hold a held-out evaluation of `version` (a resumed run's last one)."""
+    return any(r.get("eval_version") == version for r in read_metrics(cfg.run_dir, "rollout"))
+
+
 def done_file(cfg: Config):
     """Written once the final version is evaluated: `clawr1 run` waits for it before stopping the loops."""
     return ready_file(cfg, "rollout").with_suffix(".done")
@@ -160,12 +167,13 @@ async def run(cfg: Config, stop: asyncio.Event) -> None:
         if final:
             done_file(cfg).write_text(str(version))
 
+    ro.version = published_version(cfg.run_dir, cfg.lora.serves_adapters)  # a resumed run's, else 0
     tasks = [asyncio.create_task(ro.follow_versions(on_version))]
     if cfg.rollout.max_pool_backlog:
         tasks.append(asyncio.create_task(ro.watch_pool(cfg.rollout.max_pool_backlog)))
     mark_ready(cfg, "rollout")
-    if every:
-        await ro.evaluate(0)
+    if every and ro.version % every == 0 and not evaluated(cfg, ro.version):
+        await ro.evaluate(ro.version)
     workers = [asyncio.create_task(ro.worker(i)) for i in range(cfg.rollout.concurrency)]
     tasks += workers
     try:

@@ -62,6 +62,9 @@ def test_two_users_train_their_own_adapters_in_one_run(tiny_model, tmp_path):
     # resume from the step-4 LoRA checkpoint: steps 5 and 6, the adapters going on from where they were
     run(run_dir, "run.max_steps=6", "--resume")
     assert [r["step"] for r in trainer_records(run_dir)][-2:] == [5, 6]
+    evals = [json.loads(line)["eval_version"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+             if "personalization_score_u0" in line]
+    assert evals == [0, 4, 6]  # resumed at the published version 4, already evaluated: not again, nor called 0
     out = subprocess.run([sys.executable, "-m", "clawr1.cli", "export", str(run_dir / "checkpoints" / "step000006"),
                           str(tmp_path / "export")], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
