@@ -135,13 +135,21 @@ def serving_stack(config: str, overrides: list[str], run_dir: Path) -> Iterator[
 
 # ---------------------------------------------------------------- reporting
 def task_table(scores: list[TaskScore]) -> str:
-    lines = ["| task | category | passed | mean turns | tool errors | wall s |", "|---|---|---|---|---|---|"]
+    lines = ["| task | category | passed | mean turns | tool errors | wall s | why the first failure failed |",
+             "|---|---|---|---|---|---|---|"]
     for s in scores:
         rs = s.results
         lines.append(f"| {s.task_id} | {s.category} | {s.successes}/{len(rs)} | "
                      f"{statistics.fmean(r.turns for r in rs):.1f} | {sum(r.tool_errors for r in rs)} | "
-                     f"{statistics.fmean(r.wall_s for r in rs):.1f} |")
+                     f"{statistics.fmean(r.wall_s for r in rs):.1f} | {_first_failure(rs)} |")
     return "\n".join(lines) + "\n"
+
+
+def _first_failure(results: list[EpisodeResult]) -> str:
+    """The reason the environment gave for the first failed attempt (its details' `reason`), table-safe."""
+    failed = [r for r in results if not r.passed]
+    reason = str(failed[0].details.get("reason", "")) if failed else ""
+    return reason.replace("|", "\\|").replace("\n", " ")[:200]
 
 
 def category_rates(scores: list[TaskScore]) -> dict[str, float]:

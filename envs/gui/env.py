@@ -3,8 +3,9 @@
 `GuiEnv(args, seed)` implements `clawr1.environment.TaskEnvironment` (`clawr1 bench envs/gui`).
 Env args (unknown keys are refused):
 
-- `tasks`: "all" (default), "own" (the project's tasks, envs/gui/tasks.py) or "miniwob" (MiniWoB++'s
-  text tasks whose oracle passes, `seeds` seeds each); a part of one with ":train" or ":heldout".
+- `tasks`: "all" (default: own and miniwob), "own" (the project's tasks, envs/gui/tasks.py), "miniwob"
+  (MiniWoB++'s text tasks whose oracle passes, `seeds` seeds each) or "hostile" (below), or a sum of them
+  ("own+hostile"); a part with ":train" or ":heldout".
 - `eval_tasks`: the task spec `evaluate` scores (default: the held-out part of `tasks`).
 - `seeds`: MiniWoB++ seeds per task type (default 3); every attempt in a group plays the same seed.
 - `max_turns`: assistant turns per episode (0: each task's own).
@@ -13,6 +14,11 @@ Env args (unknown keys are refused):
 - `sandbox`: run the browser inside bwrap (default true; false only where no sandbox can run).
 - `max_observation_chars`: the accessibility tree shown per observation is cut to this length.
 - `heldout_every`: every Nth task (by id) is held out for evaluation (default 4).
+- `call_timeout_s`: how long one reset, tool call or grading may take in the browser before the page is deemed
+  hung and the episode ends failed (default 60).
+
+`tasks: hostile` is a set of pages written to break the environment (envs/gui/hostile_pages.py): an attempt a page
+breaks ends failed, reward 0, with the reason in its details, and the run goes on.
 
 One browser serves the whole process (started on the first episode, restarted if it crashes);
 each episode gets a fresh browser context, closed whatever happens.
@@ -32,10 +38,11 @@ from envs.agentic.agent import (AgentTask, evaluate_tasks, group_metrics, pass_r
 from envs.gui.actions import TOOLS
 from envs.gui.agents import OBSERVATION_HEADER, PlanAgent
 from envs.gui.browser import BrowserHost
+from envs.gui.hostile_pages import hostile_tasks
 from envs.gui.miniwob import miniwob_tasks
 from envs.gui.task import GuiTask
 from envs.gui.tasks import own_tasks
-from envs.gui.world import GuiWorld
+from envs.gui.world import GuiWorld, PageBroke
 
 SYSTEM_PROMPT = (
     "You operate a web page through tools. Each observation is the page's accessibility tree: one element per "
@@ -44,7 +51,7 @@ SYSTEM_PROMPT = (
     "the task asks a question). Some pages end the task by themselves.")
 EVAL_CONCURRENCY = 4
 PARTS = ("train", "heldout")
-SETS = ("all", "own", "miniwob")
+SETS = ("all", "own", "miniwob", "hostile")  # all: own and miniwob
 
 
 @dataclass
@@ -58,6 +65,7 @@ class GuiEnvConfig:
     sandbox: bool = True
     max_observation_chars: int = 6000
     heldout_every: int = 4
+    call_timeout_s: float = 60.0
 
     @classmethod
     def from_args(cls, args: dict[str, Any]) -> "GuiEnvConfig":
@@ -66,7 +74,7 @@ class GuiEnvConfig:
             raise ValueError(f"gui env: unknown arg(s) {', '.join(unknown)}; known: "
                              f"{', '.join(f.name for f in fields(cls))}")
         cfg = cls(**args)
-        for name in ("seeds", "group_size", "max_observation_chars", "heldout_every"):
+        for name in ("seeds", "group_size", "max_observation_chars", "heldout_every", "call_timeout_s"):
             if getattr(cfg, name) < 1:
                 raise ValueError(f"gui env: {name} must be >= 1, got {getattr(cfg, name)}")
         return cfg
@@ -91,22 +99,26 @@ class GuiEnv:
         scored = {t.id for t in self.eval_set}
         self.train_set = [t for t in self._part(pool, "train") if t.id not in scored]
         self.counts = {"episodes": 0, "episodes_passed": 0, "tool_calls": 0, "tool_errors": 0,
-                       "browser_launches": 0}
+                       "browser_launches": 0, "episodes_broken": 0}  # broken: ended early by the page (PageBroke)
         self._host: Optional[BrowserHost] = None
         self._host_lock = threading.Lock()
 
     # -- task sets
     def tasks(self, spec: Optional[str] = None) -> list[GuiTask]:
-        """"all" | "own" | "miniwob", optionally ":train" or ":heldout"; None: the `tasks` arg."""
+        """"all" | "own" | "miniwob" | "hostile", or a sum ("own+hostile"), optionally ":train" or ":heldout";
+        None: the `tasks` arg."""
         name, _, part = (spec or self.cfg.tasks).partition(":")
-        if name not in SETS or part not in ("", *PARTS):
-            raise ValueError(f"gui env: unknown task spec {spec!r}; use all|own|miniwob, optionally :train or "
-                             f":heldout")
+        names = set(name.split("+"))
+        if not names <= set(SETS) or part not in ("", *PARTS):
+            raise ValueError(f"gui env: unknown task spec {spec!r}; use all|own|miniwob|hostile or a sum (own+hostile), "
+                             f"optionally :train or :heldout")
         chosen = []
-        if name in ("all", "own"):
+        if names & {"all", "own"}:
             chosen += own_tasks()
-        if name in ("all", "miniwob"):
+        if names & {"all", "miniwob"}:
             chosen += miniwob_tasks(seeds=range(self.cfg.seeds))
+        if "hostile" in names:
+            chosen += hostile_tasks()
         if self.cfg.max_turns:
             for t in chosen:
                 t.max_turns = self.cfg.max_turns
@@ -138,7 +150,7 @@ class GuiEnv:
 
     # -- playing
     def make_world(self, task: GuiTask) -> GuiWorld:
-        return GuiWorld(self.host(), task, self.cfg.max_observation_chars).open()
+        return GuiWorld(self.host(), task, self.cfg.max_observation_chars, self.cfg.call_timeout_s).open()
 
     async def _open_world(self, task: GuiTask) -> GuiWorld:
         """Open a world in a thread; if the episode is cancelled meanwhile, whichever side finishes last closes it."""
@@ -160,11 +172,18 @@ class GuiEnv:
                        side: bool = True, group_id: str = "") -> EpisodeResult:
         """One episode of `task` in a fresh browser context, closed whatever happens (cancellation included)."""
         self._known[task.id] = task
-        world = await self._open_world(task)
+        try:
+            world = await self._open_world(task)
+        except PageBroke as e:  # nothing was served: the attempt fails with the reason, the run goes on
+            self.counts["episodes_broken"] += 1
+            return EpisodeResult(task.id, task.category, passed=False, reward=0.0, turns=0,
+                                 details={"reason": str(e), "broken": True})
         try:
             agent_task = AgentTask(task.id, task.category, first_messages(task, world), TOOLS, task.max_turns,
                                    needs_submit=True)
-            return await run_episode(client, agent_task, world, session_id, side=side, group_id=group_id)
+            result = await run_episode(client, agent_task, world, session_id, side=side, group_id=group_id)
+            self.counts["episodes_broken"] += bool(world.broken)
+            return result
         finally:
             world.close()
 
@@ -173,7 +192,8 @@ class GuiEnv:
             raise ValueError(f"gui env: no training tasks in {self.cfg.tasks!r}")
         results = await play_group(self.run_task, client, rng.choice(self.train_set), session_id, self.cfg.group_size)
         tally_episodes(self.counts, results)
-        return group_metrics(results)
+        broken = sum(bool(r.details.get("broken")) for r in results)
+        return {**group_metrics(results), **({"episode_errors": float(broken)} if broken else {})}
 
     async def evaluate(self, client: ChatClient, n: int, session_prefix: str) -> dict[str, float]:
         results = await evaluate_tasks(self.run_task, client, self.eval_set[:max(0, n)], session_prefix,

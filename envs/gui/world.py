@@ -27,11 +27,30 @@ class EpisodeSetupError(RuntimeError):
     pass
 
 
+class PageBroke(RuntimeError):
+    """The page made its episode impossible to go on: it could not be opened, its renderer crashed, or it stopped
+    answering. The episode ends failed with reward 0 and this reason; the run goes on (never the env's own bug)."""
+
+
+def _playwright_error() -> type:
+    from playwright.async_api import Error
+
+    return Error
+
+
+def _navigated(error: BaseException) -> bool:
+    """A read raced a navigation the page started (a form posted elsewhere, a script that reloads)."""
+    text = str(error)
+    return "Execution context was destroyed" in text or "navigation" in text.lower()
+
+
 class GuiWorld:
     """A task's episode in its own browser context, closed by `close()` whatever happened."""
 
-    def __init__(self, host: BrowserHost, task: GuiTask, max_observation_chars: int = 6000):
+    def __init__(self, host: BrowserHost, task: GuiTask, max_observation_chars: int = 6000,
+                 call_timeout_s: float = CALL_TIMEOUT_S):
         self.host = host
+        self.call_timeout_s = call_timeout_s
         self.task = task
         self.max_chars = max_observation_chars
         self.router = SiteRouter(task.site)
@@ -43,13 +62,17 @@ class GuiWorld:
         self.seen_ids: set[str] = set()  # in any observation of this episode
         self.answer: Optional[str] = None
         self.done = False
+        self.broken = ""  # why the page ended the episode early (PageBroke's reason); "" while it has not
         self._closed = False
 
     # -- start
     def open(self) -> "GuiWorld":
         """Open the context and the start page; the first observation is in `self.observation`."""
         try:
-            self.host.run(self._open(), CALL_TIMEOUT_S)
+            self.host.run(self._open(), self.call_timeout_s)
+        except (_playwright_error(), TimeoutError, EpisodeSetupError) as e:
+            self.close()
+            raise PageBroke(f"the page could not be opened: {_first_line(e)}") from e
         except BaseException:
             self.close()
             raise
@@ -87,8 +110,19 @@ class GuiWorld:
         if action.tool == "submit":
             self.answer = action.args.get("answer", "")
             return ToolOutcome("The task is submitted.", submitted=True, wall_s=time.monotonic() - t0)
-        error = self.host.run(self._act(action), CALL_TIMEOUT_S)
+        try:
+            error = self.host.run(self._act(action), self.call_timeout_s)
+        except TimeoutError:
+            return self._end_early(f"the page did not answer within {self.call_timeout_s:g} s", t0)
+        except _playwright_error() as e:  # past what _act turns into tool errors: the page is gone
+            return self._end_early(f"the browser failed on this page ({_first_line(e)})", t0)
         return ToolOutcome(self.observation, ok=not error, error=error, submitted=self.done,
+                           wall_s=time.monotonic() - t0)
+
+    def _end_early(self, reason: str, t0: float) -> ToolOutcome:
+        """The page broke the episode: the agent is told, and the episode ends (graded failed, reward 0)."""
+        self.broken = reason
+        return ToolOutcome(f"The episode ended: {reason}.", ok=False, error=reason, submitted=True,
                            wall_s=time.monotonic() - t0)
 
     async def _act(self, action: Action) -> str:
@@ -99,10 +133,20 @@ class GuiWorld:
         except ActionError as e:
             error = str(e)
         await self._settle()
-        if self.task.done_js and await self.page.evaluate(self.task.done_js):
+        if self.task.done_js and await self._evaluate(self.task.done_js):
             self.done = True
         self.observation = await self._observe()
         return error
+
+    async def _evaluate(self, js: str) -> Any:
+        """`js` in the page, once more after the load if a navigation the page started raced it."""
+        try:
+            return await self.page.evaluate(js)
+        except _playwright_error() as e:
+            if not _navigated(e):
+                raise
+        await self.page.wait_for_load_state("load", timeout=LOAD_TIMEOUT_MS)
+        return await self.page.evaluate(js)
 
     async def _perform(self, action: Action) -> None:
         from playwright.async_api import Error as PlaywrightError, TimeoutError as PlaywrightTimeout
@@ -152,8 +196,13 @@ class GuiWorld:
 
     async def _settle(self) -> None:
         """Let what the action started (a navigation, a script's timer) land before observing."""
-        await self.page.evaluate("() => new Promise(r => requestAnimationFrame(() => setTimeout(r, 0)))")
-        await self.page.wait_for_load_state("load", timeout=LOAD_TIMEOUT_MS)
+        from playwright.async_api import TimeoutError as PlaywrightTimeout
+
+        await self._evaluate("() => new Promise(r => requestAnimationFrame(() => setTimeout(r, 0)))")
+        try:
+            await self.page.wait_for_load_state("load", timeout=LOAD_TIMEOUT_MS)
+        except PlaywrightTimeout:
+            pass  # a page still loading is observed as it is
 
     async def _observe(self) -> str:
         try:
@@ -162,7 +211,7 @@ class GuiWorld:
             tree = f"(the page could not be read: {_first_line(e)})"
         self.shown_ids = ids_in(tree)
         self.seen_ids |= self.shown_ids
-        title = await self.page.title()
+        title = await self._evaluate("() => document.title")
         text = f"Page: {title or '(untitled)'} {self.page.url}\n{tree}"
         if len(text) > self.max_chars:
             cut = len(text) - self.max_chars
@@ -171,14 +220,23 @@ class GuiWorld:
 
     # -- the end
     def grade(self, messages: list[dict]) -> Grade:
-        state = self.host.run(self._final_state(), CALL_TIMEOUT_S)
+        if not self.broken:
+            try:
+                state = self.host.run(self._final_state(), self.call_timeout_s)
+            except TimeoutError:
+                self.broken = f"the final page did not answer within {self.call_timeout_s:g} s"
+            except _playwright_error() as e:
+                self.broken = f"the final page could not be read ({_first_line(e)})"
+        if self.broken:
+            return Grade(False, 0.0, feedback=f"The episode ended early: {self.broken}.",
+                         details={"reason": self.broken, "broken": True, "refused_requests": len(self.router.refused)})
         verdict = self.task.judge(state)
         details = {"reason": verdict.reason, "answer": state.answer, "posts": [p.as_dict() for p in state.posts],
                    "url": state.url, "refused_requests": len(self.router.refused)}
         return Grade(verdict.passed, 1.0 if verdict.passed else -1.0, feedback=verdict.reason, details=details)
 
     async def _final_state(self) -> FinalState:
-        page_state = await self.page.evaluate(self.task.state_js) if self.task.state_js else None
+        page_state = await self._evaluate(self.task.state_js) if self.task.state_js else None
         return FinalState(self.page.url, self.observation, list(self.router.posts), self.answer, page_state)
 
     def close(self) -> None:
@@ -187,9 +245,11 @@ class GuiWorld:
             return
         self._closed = True
         try:
-            self.host.run(self._close(), CALL_TIMEOUT_S)
+            self.host.run(self._close(), self.call_timeout_s)
         except RuntimeError:
             pass  # the browser is closed already: so is the context
+        except (TimeoutError, _playwright_error()):
+            pass  # a crashed or hung page's context: the browser disposes of it (or is restarted on its next use)
 
     async def _close(self) -> None:
         context, self.context = self.context, None

@@ -14,6 +14,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from clawr1.pool.store import read_samples
+from clawr1.tracking import read_metrics
 from envs.gui.actions import TOOL_NAMES
 from envs.gui.env import GuiEnv
 from tests.conftest import REPO
@@ -45,3 +46,16 @@ def test_the_gui_recipe_runs_judged_grpo_groups_into_training(tiny_model, tmp_pa
     assert {len(sessions) for sessions in sessions_of_group.values()} == {2}  # GRPO: 2 attempts at each task
     log = (run_dir / "logs" / "rollout.log").read_text()
     assert "Traceback" not in log
+
+
+def test_a_run_whose_tasks_include_hostile_pages_trains_and_exits_0(tiny_model, tmp_path):
+    """Pages that hang, crash or race end their attempts failed (reward 0, counted as episodes_broken); the run
+    trains on what the other attempts gave and stops as asked."""
+    run_dir = tmp_path / "gui"
+    done = subprocess.run([sys.executable, "-m", "clawr1.cli", "run", "recipes/gui/cpu.yaml", f"run.dir={run_dir}",
+                           "run.max_steps=3", "rollout.env_args.tasks=hostile", "rollout.env_args.call_timeout_s=8",
+                           "rollout.env_args.heldout_every=100"], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert [r["step"] for r in trainer_records(run_dir)] == [1, 2, 3]
+    rollout = [r for r in read_metrics(run_dir, "rollout") if "episodes_broken" in r]
+    assert rollout and rollout[-1]["episodes_broken"] >= 1  # pages broke attempts, and the loop went on
