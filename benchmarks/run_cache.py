@@ -20,17 +20,21 @@ sys.path.insert(0, str(REPO))
 from clawr1.config import load_config  # noqa: E402
 
 
-# (section, field) -> the default that reproduces the behaviour from before the field was added
+# the field's path in the config -> the default that reproduces the behaviour from before the field was added
 # serve.device: the embedded engine ran on the CPU only before the field existed
-NEUTRAL_DEFAULTS = {("algo", "balance"): "none", ("serve", "device"): "cpu"}
+# serve.sglang.device: auto is the GPU launch where there is a GPU, as before; without one SGLang could not run
+NEUTRAL_DEFAULTS = {("algo", "balance"): "none", ("serve", "device"): "cpu", ("serve", "sglang", "device"): "auto"}
 
 
 def settings_hash(recipe: Path, overrides: list[str]) -> str:
     cfg = load_config(recipe, list(overrides)).model_dump(mode="json")
     cfg["run"].pop("dir", None)
-    for (section, field), neutral in NEUTRAL_DEFAULTS.items():
-        if cfg[section].get(field) == neutral:
-            del cfg[section][field]
+    for (*sections, field), neutral in NEUTRAL_DEFAULTS.items():
+        where = cfg
+        for section in sections:
+            where = where[section]
+        if where.get(field) == neutral:
+            del where[field]
     return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:8]
 
 

@@ -31,3 +31,14 @@ def test_a_field_added_later_at_its_neutral_default_keeps_the_names_of_earlier_r
     by hand: the same hash at the commit before the field); balance=std is another run."""
     assert settings_hash(RECIPE, ["trainer.lr=1e-4"]) == settings_hash(RECIPE, ["trainer.lr=1e-4", "algo.balance=none"])
     assert settings_hash(RECIPE, ["trainer.lr=1e-4"]) != settings_hash(RECIPE, ["trainer.lr=1e-4", "algo.balance=std"])
+    assert settings_hash(RECIPE, []) != settings_hash(RECIPE, ["serve.sglang.device=cpu"])
+
+
+def test_a_nested_field_at_its_neutral_default_is_left_out_of_the_hash(monkeypatch):
+    """serve.sglang.device=auto: learning IV's first run kept its name (22f67838) across the field's addition."""
+    from benchmarks import run_cache
+
+    kept = settings_hash(RECIPE, [])
+    monkeypatch.setattr(run_cache, "NEUTRAL_DEFAULTS", {k: v for k, v in run_cache.NEUTRAL_DEFAULTS.items()
+                                                        if k != ("serve", "sglang", "device")})
+    assert settings_hash(RECIPE, []) != kept
