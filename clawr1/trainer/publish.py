@@ -38,7 +38,7 @@ from clawr1.engine_api.client import EngineError, SyncEngineClient
 from clawr1.protocol import WeightsPublished
 from clawr1.trainer.convert import megatron_to_hf
 from clawr1.trainer.hf_io import write_weights_dir
-from clawr1.engine_api.lora import adapter_name, adapter_version, write_current
+from clawr1.engine_api.lora import adapter_name, adapter_version, read_current, write_current
 from clawr1.trainer.lora import merge_into, peft_tensors, write_peft_adapter
 from clawr1.trainer.model import Policy, megatron_state
 
@@ -241,11 +241,16 @@ class AdapterSink:
         self.previous: int | None = None  # the version this sink published before the current one
 
     def push_adapters(self, adapters: dict[int, dict[str, Tensor]], config: dict, version: int) -> str:
+        # A resumed trainer's first publish is its checkpoint's version; where current.json already names it, the
+        # engines hold exactly these adapters (the checkpoint and that publish are the same step): they are kept,
+        # not replaced, since an unload waits for every request in flight on them (a whole evaluation).
+        republish = self.previous is None and (read_current(self.dir) or {}).get("version") == version
         where = self.dir / f"v{version:06d}"
         for slot, tensors in adapters.items():
             write_peft_adapter(where / f"slot{slot}", tensors, config)
         keep = {version} | ({self.previous} if self.previous is not None and self.previous != version else set())
-        to_each_engine(self.engines, lambda engine: self._update(engine, adapters, config, where, version, keep))
+        to_each_engine(self.engines, lambda engine: self._update(engine, adapters, config, where, version, keep,
+                                                                 republish))
         write_current(self.dir, version, sorted(adapters))
         for old in self.dir.glob("v[0-9]*"):
             if old.name[1:].isdigit() and int(old.name[1:]) not in keep:
@@ -254,24 +259,29 @@ class AdapterSink:
         return str(where)
 
     def _update(self, engine: SyncEngineClient, adapters: dict, config: dict, where: Path, version: int,
-                keep: set[int]) -> None:
+                keep: set[int], republish: bool = False) -> None:
         loaded: dict = {}
         for slot, tensors in adapters.items():
-            loaded = self._load(engine, adapter_name(slot, version), tensors, config, where / f"slot{slot}")
+            loaded = self._load(engine, adapter_name(slot, version), tensors, config, where / f"slot{slot}",
+                                keep_held=republish) or loaded
         for name in loaded or {}:
             held = adapter_version(name)
             if held is not None and held not in keep:
                 _unload(engine, name)
 
     def _load(self, engine: SyncEngineClient, name: str, tensors: dict, config: dict, directory: Path,
-              replace: bool = True) -> dict:
-        """Load one adapter; returns the names the engine holds after it (its reply's loaded_adapters). A name the
-        engine holds already (left by a trainer that crashed after publishing this version) is replaced, once."""
+              replace: bool = True, keep_held: bool = False) -> dict:
+        """Load one adapter; returns the names the engine holds after it (its reply's loaded_adapters; {} when it
+        kept its own). A name the engine holds already (left by a trainer that crashed after publishing this
+        version) is replaced, once; with `keep_held` (a resumed trainer's republish) it is kept as it is."""
         try:
             return self._send(engine, name, tensors, config, directory)
         except EngineError as e:
             if "already loaded" not in str(e) or not replace:
                 raise
+            if keep_held:
+                log.info("engine %s holds %s already (the checkpoint's version): kept", engine.url, name)
+                return {}
         _unload(engine, name)
         return self._load(engine, name, tensors, config, directory, replace=False)
 

@@ -10,7 +10,7 @@ import torch
 
 from clawr1.config import load_config
 from clawr1.engine_api.client import EngineError, SyncEngineClient
-from clawr1.engine_api.lora import load_from_tensors_payload, read_current
+from clawr1.engine_api.lora import load_from_tensors_payload, read_current, write_current
 from clawr1.serving.sglang import launch_command
 from clawr1.trainer.publish import AdapterSink
 from tests.serving.test_sglang_contract import SGLANG_0_5_15, SGLANG_0_5_23, FakeEngine, Log, Wire
@@ -120,6 +120,30 @@ def test_sglang_on_cpu_gets_adapters_from_disk_and_never_their_tensors(fleet, tm
     assert not cpu.dead and not any(e[2] == "/load_lora_adapter_from_tensors" for e in log.events)
     assert {n: held["dir"].endswith(f"v{int(n.split('@v')[1]):06d}/slot0") for n, held in cpu.loras.items()} == {
         "slot0@v1": True, "slot0@v2": True}
+
+
+def test_a_resumed_trainers_republish_of_the_current_version_keeps_what_the_engine_holds(fleet, tmp_path):
+    """The engine started on current.json's adapters (v3); the resumed trainer republishes its checkpoint, v3:
+    nothing is unloaded (an unload would wait for every request in flight on them), and the next publish keeps v3
+    as the version before."""
+    log, _, (engine,) = fleet(1, A={"unload_delay_s": 30.0})  # an unload would outlast this test's patience
+    cfg = load_config(None, [f"run.dir={tmp_path}", "lora.enabled=true", "serve.backend=sglang",
+                             "judge.teacher=frozen"])
+    write_current(tmp_path / "adapters", 3, [0])
+    engine.loras["slot0@v3"] = {"dir": "loaded at the engine's start"}
+    client = SyncEngineClient(engine.url)
+    try:
+        sink = AdapterSink(cfg, [client])
+        t0 = time.monotonic()
+        sink.push_adapters({0: TENSORS}, CONFIG, 3)
+        assert time.monotonic() - t0 < 10
+        assert engine.loras["slot0@v3"] == {"dir": "loaded at the engine's start"}
+        assert not any(e[2] == "/unload_lora_adapter" for e in log.events)
+        engine.unload_delay_s = 0.0
+        sink.push_adapters({0: TENSORS}, CONFIG, 4)
+    finally:
+        client.close()
+    assert sorted(engine.loras) == ["slot0@v3", "slot0@v4"]
 
 
 def test_the_sink_replaces_a_leftover_adapter_once_and_outlives_a_slow_unload(fleet, tmp_path):
