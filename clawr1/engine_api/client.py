@@ -54,7 +54,7 @@ class Generation:
     prompt_top_logprobs: list[list[float]] = field(default_factory=list)
     top_ids: list[list[int]] = field(default_factory=list)  # top-k ids at each output position (top_logprobs_num)
     top_logprobs: list[list[float]] = field(default_factory=list)
-    lora_path: Optional[str] = None  # the LoRA adapter the request named (set by the caller that named it)
+    lora_path: Optional[str] = None  # the LoRA adapter the request named (set by generate: `through_adapter`)
 
 
 def joined(first: Generation, rest: Generation) -> Generation:
@@ -115,6 +115,17 @@ def parse_generation(reply: dict) -> Generation:
     )
 
 
+def through_adapter(gen: Generation, lora_path: Optional[str]) -> Generation:
+    """`gen`, generated through the LoRA adapter `lora_path` (None: the base), named so; through `slotK@vN` its
+    tokens carry version N. The embedded engine reports that version itself; SGLang reports its weight_version,
+    the base's, which a LoRA run never moves."""
+    gen.lora_path = lora_path
+    version = lora.adapter_version(lora_path) if lora_path else None
+    if version is not None:
+        gen.versions = [version] * len(gen.versions)
+    return gen
+
+
 def _check_status(status: int, body: bytes, what: str) -> Any:
     if status == 503:
         raise EngineUnavailable(f"{what}: engine unavailable (HTTP 503)", status)
@@ -143,7 +154,8 @@ class EngineClient:
         return _check_status(status, body, what)
 
     async def generate(self, input_ids: list[int], sampling_params: dict[str, Any], **kw: Any) -> Generation:
-        return parse_generation(await self._post("generate", generate_payload(input_ids, sampling_params, **kw)))
+        reply = await self._post("generate", generate_payload(input_ids, sampling_params, **kw))
+        return through_adapter(parse_generation(reply), kw.get("lora_path"))
 
     async def generate_stream(self, input_ids: list[int], sampling_params: dict[str, Any],
                               **kw: Any) -> AsyncIterator[Generation]:
@@ -160,7 +172,7 @@ class EngineClient:
                     chunk = orjson.loads(data)
                     if "error" in chunk:
                         raise EngineError(f"generate failed mid-stream: {chunk['error']}")
-                    yield parse_generation(chunk)
+                    yield through_adapter(parse_generation(chunk), kw.get("lora_path"))
         except ConnectionFailed as e:
             raise EngineUnreachable(f"generate: {self.url} unreachable ({e})") from None
 
@@ -445,7 +457,8 @@ class SyncEngineClient:
                            f"unload_lora_adapter {name}")
 
     def generate(self, input_ids: list[int], sampling_params: dict[str, Any], **kw: Any) -> Generation:
-        return parse_generation(_check(self.http.post("/generate", json=generate_payload(input_ids, sampling_params, **kw)), "generate"))
+        reply = _check(self.http.post("/generate", json=generate_payload(input_ids, sampling_params, **kw)), "generate")
+        return through_adapter(parse_generation(reply), kw.get("lora_path"))
 
     def close(self) -> None:
         self.http.close()

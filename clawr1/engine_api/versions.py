@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
+from clawr1.engine_api.lora import read_current
+
 
 def parse_version(value: Any) -> int:
     """A weight version as an int: ours count publishes; SGLang reports strings, "default" before any update."""
@@ -41,8 +43,6 @@ def published_version(run_dir: Path, adapters: bool) -> int:
     """The newest version the run in `run_dir` has published: its LoRA adapters' (RUN_DIR/adapters/current.json)
     where it publishes adapters, else its full weights' (RUN_DIR/weights); 0 before any publish."""
     if adapters:
-        from clawr1.engine_api.lora import read_current
-
         current = read_current(run_dir / "adapters")
         return current["version"] if current else 0
     newest = newest_weights(run_dir / "weights")

@@ -22,7 +22,6 @@ from clawr1 import bus, protocol
 from clawr1.chat import ChatRenderer, ChatTemplateError
 from clawr1.config import Config
 from clawr1.engine_api.client import EngineError, Generation, joined
-from clawr1.engine_api.lora import adapter_version
 from clawr1.gateway.adapters import AdapterRouting
 from clawr1.gateway.ingest import IngestLedger, content_id, logged_turns
 from clawr1.gateway.logprobs import TokenText, openai_logprobs
@@ -37,17 +36,6 @@ from clawr1.protocol import JudgeHello, NextState, TurnAck, TurnRecord, WeightsP
 from clawr1.tracking import MetricsWriter, RunStatus
 
 log = logging.getLogger("clawr1.gateway")
-
-
-def served_by(gen: Generation, adapter: Optional[str]) -> Generation:
-    """`gen` marked with the LoRA adapter it came through (None: the base). Its tokens carry that adapter's version
-    (`slotK@vN`: N): the embedded engine reports it so, SGLang reports its weight_version, the base's, which a LoRA
-    run never moves."""
-    gen.lora_path = adapter
-    version = adapter_version(adapter) if adapter else None
-    if version is not None:
-        gen.versions = [version] * len(gen.versions)
-    return gen
 
 
 class GatewayError(Exception):
@@ -395,9 +383,8 @@ class Gateway:
         for attempt in range(ADAPTER_TRIES):
             name = self.adapters.name(slot)
             try:
-                gen = await self.router.call(key, lambda e: e.generate(prompt, params, return_logprob=True,
-                                                                      top_logprobs_num=top_k, lora_path=name))
-                return served_by(gen, name)
+                return await self.router.call(key, lambda e: e.generate(prompt, params, return_logprob=True,
+                                                                       top_logprobs_num=top_k, lora_path=name))
             except EngineError as e:
                 await self._adapter_gone(e, name, attempt)
 
@@ -443,7 +430,7 @@ class Gateway:
                 async for partial in self.router.stream(key, lambda e: e.generate_stream(
                         prompt, params, return_logprob=True, top_logprobs_num=top_k, lora_path=name)):
                     started = True
-                    yield served_by(partial, name)
+                    yield partial
                 return
             except EngineError as e:
                 if started:

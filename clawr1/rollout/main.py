@@ -51,7 +51,7 @@ def gateway_chat(cfg: Config) -> GatewayChat:
 class Rollout:
     def __init__(self, cfg: Config, env: Any, chat: GatewayChat, metrics: MetricsWriter):
         self.cfg, self.env, self.chat, self.metrics = cfg, env, chat, metrics
-        self.version = 0
+        self.version = published_version(cfg.run_dir, cfg.lora.serves_adapters)  # a resumed run's; else 0
         self.episodes = 0
         self.window: dict[str, list[float]] = defaultdict(list)
         self.workers_may_run = asyncio.Event()
@@ -167,7 +167,6 @@ async def run(cfg: Config, stop: asyncio.Event) -> None:
         if final:
             done_file(cfg).write_text(str(version))
 
-    ro.version = published_version(cfg.run_dir, cfg.lora.serves_adapters)  # a resumed run's, else 0
     tasks = [asyncio.create_task(ro.follow_versions(on_version))]
     if cfg.rollout.max_pool_backlog:
         tasks.append(asyncio.create_task(ro.watch_pool(cfg.rollout.max_pool_backlog)))

@@ -40,14 +40,6 @@ class _Missing:
         return f"<missing kernel {self._name}>"
 
 
-def _missing_attr(module_name: str):
-    def __getattr__(attr: str) -> _Missing:
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        return _Missing(f"{module_name}.{attr}")
-    return __getattr__
-
-
 class _SubmoduleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Any `sgl_kernel.x.y` imports as a module whose every name is missing."""
 
@@ -59,13 +51,13 @@ class _SubmoduleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def create_module(self, spec):
         module = types.ModuleType(spec.name)
         module.__path__ = []
-        module.__getattr__ = _missing_attr(spec.name)
+        module.__getattr__ = _Missing(spec.name).__getattr__  # PEP 562: a missing name for every name
         return module
 
     def exec_module(self, module):
         pass
 
 
-__getattr__ = _missing_attr(__name__)
+__getattr__ = _Missing(__name__).__getattr__
 if not any(isinstance(f, _SubmoduleFinder) for f in sys.meta_path):
     sys.meta_path.append(_SubmoduleFinder())
