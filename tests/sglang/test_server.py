@@ -20,6 +20,9 @@ from tests.serving.test_lora_serving import peft_logprobs, random_peft_adapter
 
 pytestmark = pytest.mark.slow
 PROMPT = [1, 17, 42, 99, 7, 230, 11, 5, 64]
+# A generation long enough that a pause or update sent at its first tokens lands inside it on any CPU (seconds of
+# decoding, against milliseconds for the call): the tiny model's whole context of 1,024 less the prompt.
+LONG = 1000
 
 
 def run(coro):
@@ -152,7 +155,7 @@ def test_an_update_during_a_generation_retracts_it_onto_the_new_weights(sglang_e
     result: list = []
 
     def generate():
-        result.append(run(_stream(url, PROMPT, {"max_new_tokens": 300, "ignore_eos": True},
+        result.append(run(_stream(url, PROMPT, {"max_new_tokens": LONG, "ignore_eos": True},
                                   on_chunk=lambda c: len(c.output_ids) >= 8 and started.set())))
 
     worker = threading.Thread(target=generate)
@@ -161,7 +164,7 @@ def test_an_update_during_a_generation_retracts_it_onto_the_new_weights(sglang_e
     client.update_weights_from_disk(str(tiny_model), version + 1)
     worker.join(300)
     final = result[0][-1]
-    assert final.finish_reason == "length" and len(final.output_ids) == 300  # nothing cut
+    assert final.finish_reason == "length" and len(final.output_ids) == LONG  # nothing cut
     spans = [v for i, v in enumerate(final.versions) if i == 0 or final.versions[i - 1] != v]
     assert spans == [version, version + 1]  # its first tokens on the old version, the rest on the new
 
@@ -171,12 +174,12 @@ def test_pause_with_abort_ends_running_requests_and_continue_serves_again(sglang
     started = threading.Event()
     result: list = []
     worker = threading.Thread(target=lambda: result.append(run(_stream(
-        url, PROMPT, {"max_new_tokens": 400, "ignore_eos": True}, on_chunk=lambda c: started.set()))))
+        url, PROMPT, {"max_new_tokens": LONG, "ignore_eos": True}, on_chunk=lambda c: started.set()))))
     worker.start()
     assert started.wait(120)
     client.pause_generation("abort")
     worker.join(120)
-    assert result[0][-1].finish_reason == "abort" and len(result[0][-1].output_ids) < 400
+    assert result[0][-1].finish_reason == "abort" and len(result[0][-1].output_ids) < LONG
     client.flush_cache()  # accepted once nothing runs (it retries while refused, and raises past its timeout)
     client.continue_generation()
     assert generate(url, PROMPT, {"max_new_tokens": 4, "ignore_eos": True}).finish_reason == "length"
