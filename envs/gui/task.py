@@ -1,10 +1,10 @@
 """What a GUI task is: its site, how an episode starts and ends, how it is judged, and its scripted solutions."""
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from envs.gui.observation import parse
 from envs.gui.site import Post, Site
 
 
@@ -77,34 +77,9 @@ class GuiTask:
     wrong: Optional[Plan] = None  # a plausible wrong solution, which must fail
 
 
-# One element of an observation: `- role "name" [attrs] [ref=e5]: text`. Playwright quotes a whole entry in
-# single quotes when it holds a character YAML reserves (`- 'tab "Section #2" [ref=e4]'`), and its text in double
-# or single quotes likewise.
-REF = re.compile(r'^(\w+)(?: "((?:[^"\\]|\\.)*)")?.*?\[ref=((?:f\d+)?e\d+)\][^:]*(?::\s*(.*))?$')
-ENTRY = re.compile(r"^\s*- (?:'((?:[^']|'')*)'(.*)|(.*))$")
-
-
-def _unquote(text: str) -> str:
-    if len(text) >= 2 and text[0] == text[-1] == "'":
-        return text[1:-1].replace("''", "'")
-    if len(text) >= 2 and text[0] == text[-1] == '"':
-        return text[1:-1].replace('\\"', '"').replace("\\\\", "\\")
-    return text
-
-
 def elements(observation: str) -> list[tuple[str, str, str, str]]:
     """Every element of `observation` with an id, in page order: (role, name, id, text)."""
-    found = []
-    for line in observation.splitlines():
-        entry = ENTRY.match(line)
-        if not entry:
-            continue
-        item = entry.group(1).replace("''", "'") + entry.group(2) if entry.group(1) is not None else entry.group(3)
-        m = REF.match(item)
-        if m:
-            name = (m.group(2) or "").replace('\\"', '"')
-            found.append((m.group(1), name, m.group(3), _unquote((m.group(4) or "").strip())))
-    return found
+    return [(e.role, e.name, e.ref, e.text or "") for e in parse(observation) if e.ref]
 
 
 def find_element(observation: str, target: Target) -> Optional[str]:

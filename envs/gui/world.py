@@ -11,13 +11,16 @@ import time
 from typing import Any, Optional
 
 from envs.agentic.agent import Grade, ToolOutcome
-from envs.gui.actions import Action, ActionError, ids_in, parse_call
+from envs.gui.actions import Action, ActionError, parse_call
 from envs.gui.browser import BrowserHost
+from envs.gui.observation import page_observation
 from envs.gui.site import SiteRouter
 from envs.gui.task import FinalState, GuiTask
 
 ACTION_TIMEOUT_MS = 3000
 LOAD_TIMEOUT_MS = 10000
+LOAD_GRACE_MS = 2000  # after the DOM is ready, how long to wait for `load` (a frame that never loads holds it off)
+UNLOADED_FRAME_MS = 2000  # the snapshot's wait where a frame never loaded (a blocked file:// iframe waits it out)
 READY_TIMEOUT_S = 10.0
 VIEWPORT = {"width": 1024, "height": 768}
 CALL_TIMEOUT_S = 60.0  # a whole call on the browser's thread (action, settling, observation)
@@ -63,6 +66,8 @@ class GuiWorld:
         self.answer: Optional[str] = None
         self.done = False
         self.broken = ""  # why the page ended the episode early (PageBroke's reason); "" while it has not
+        self.events: list[str] = []  # what the page did during the current call that the agent is told of
+        self._navigated = False  # the main frame loaded a new document during the current call
         self._closed = False
 
     # -- start
@@ -84,7 +89,13 @@ class GuiWorld:
         await self.context.route("**/*", self.router.handle)
         self.context.set_default_timeout(ACTION_TIMEOUT_MS)
         self.page = await self.context.new_page()
-        await self.page.goto(self.task.site.url(self.task.start_path), timeout=LOAD_TIMEOUT_MS)
+        self.context.on("page", self._close_popup)
+        self.page.on("console", self._note_refusal)
+        self.page.on("framenavigated", self._note_navigation)
+        self.page.on("websocket", lambda socket: self.router.refused.append(socket.url))  # the proxy refuses it
+        await self.page.goto(self.task.site.url(self.task.start_path), timeout=LOAD_TIMEOUT_MS,
+                             wait_until="domcontentloaded")
+        await self._wait_loaded()
         if self.task.start_js:
             await self.page.evaluate(self.task.start_js)
         if self.task.ready_js:
@@ -92,6 +103,39 @@ class GuiWorld:
         if self.task.instruction_js:
             self.instruction = str(await self.page.evaluate(self.task.instruction_js))
         self.observation = await self._observe()
+
+    async def _wait_loaded(self) -> None:
+        from playwright.async_api import TimeoutError as PlaywrightTimeout
+
+        try:
+            await self.page.wait_for_load_state("load", timeout=LOAD_GRACE_MS)
+        except PlaywrightTimeout:
+            pass  # a subframe that never loads (a blocked file:// iframe): the page is read as it is
+
+    # -- what the page does by itself, told to the agent with the call's answer
+    async def _close_popup(self, popup: Any) -> None:
+        if popup is self.page:
+            return
+        url = popup.url if popup.url not in ("", "about:blank") else ""
+        self.events.append(f"the page opened a new window{f' at {url}' if url else ''}: the env closed it "
+                           f"(one window is shown)")
+        await popup.close()
+
+    def _note_refusal(self, message: Any) -> None:
+        text = message.text
+        if message.type == "error" and text.startswith("Not allowed to"):  # Chromium refused a navigation
+            self.events.append(f"the page tried to open a URL the browser refuses ({text[:200]}): nothing opened")
+
+    def _note_navigation(self, frame: Any) -> None:
+        if frame == self.page.main_frame:
+            self._navigated = True
+
+    async def _leave_error_page(self) -> None:
+        """The page navigated somewhere the site refused (another origin): say where, and go back."""
+        where = next((u for u in reversed(self.router.refused_navigations)), "a page outside the task's site")
+        self.events.append(f"the page tried to open {where}, outside the task's site: refused, back on the "
+                           f"previous page")
+        await self.page.go_back(timeout=LOAD_TIMEOUT_MS, wait_until="domcontentloaded")
 
     async def _wait_true(self, js: str) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -126,17 +170,20 @@ class GuiWorld:
                            wall_s=time.monotonic() - t0)
 
     async def _act(self, action: Action) -> str:
-        """Do `action`, then observe the page; the error ("" when it worked)."""
+        """Do `action`, then observe the page; the error ("" when it worked), with what the page did meanwhile."""
+        self.events, self._navigated = [], False
         try:
             await self._perform(action)
             error = ""
         except ActionError as e:
             error = str(e)
         await self._settle()
+        if self.page.url.startswith("chrome-error://"):
+            await self._leave_error_page()
         if self.task.done_js and await self._evaluate(self.task.done_js):
             self.done = True
         self.observation = await self._observe()
-        return error
+        return "; ".join(filter(None, [error, *self.events]))
 
     async def _evaluate(self, js: str) -> Any:
         """`js` in the page, once more after the load if a navigation the page started raced it."""
@@ -152,8 +199,9 @@ class GuiWorld:
         from playwright.async_api import Error as PlaywrightError, TimeoutError as PlaywrightTimeout
 
         if action.tool == "go_back":
-            if await self.page.go_back(timeout=LOAD_TIMEOUT_MS) is None:
-                raise ActionError("go_back: there is no previous page")
+            if not await self._has_previous_page():
+                raise ActionError("go_back: there is no previous page (this is the task's first page)")
+            await self.page.go_back(timeout=LOAD_TIMEOUT_MS, wait_until="domcontentloaded")
             return
         target = await self._element(action) if action.element else None
         try:
@@ -171,6 +219,16 @@ class GuiWorld:
                               f"covered by another element, or not accept this action)") from None
         except PlaywrightError as e:
             raise ActionError(f"{action.tool} on {action.element or 'the page'} failed: {_first_line(e)}") from None
+
+    async def _has_previous_page(self) -> bool:
+        """Whether the tab's history has a page of the task's before this one (the tab opened on about:blank)."""
+        cdp = await self.context.new_cdp_session(self.page)
+        try:
+            history = await cdp.send("Page.getNavigationHistory")
+        finally:
+            await cdp.detach()
+        i = history["currentIndex"]
+        return i > 0 and history["entries"][i - 1]["url"] not in ("", "about:blank")
 
     async def _element(self, action: Action) -> Any:
         """The live element an action names, or an ActionError that says why there is none to act on."""
@@ -199,24 +257,31 @@ class GuiWorld:
         from playwright.async_api import TimeoutError as PlaywrightTimeout
 
         await self._evaluate("() => new Promise(r => requestAnimationFrame(() => setTimeout(r, 0)))")
+        if not self._navigated:
+            return
         try:
-            await self.page.wait_for_load_state("load", timeout=LOAD_TIMEOUT_MS)
+            await self.page.wait_for_load_state("domcontentloaded", timeout=LOAD_TIMEOUT_MS)
         except PlaywrightTimeout:
-            pass  # a page still loading is observed as it is
+            return  # a page still loading is observed as it is
+        await self._wait_loaded()
 
     async def _observe(self) -> str:
-        try:
-            tree = await self.page.locator(self.task.observe).aria_snapshot(mode="ai", timeout=LOAD_TIMEOUT_MS)
-        except Exception as e:
-            tree = f"(the page could not be read: {_first_line(e)})"
-        self.shown_ids = ids_in(tree)
+        tree = await self._snapshot()
+        seen = page_observation(await self._evaluate("() => document.title"), self.page.url, tree, self.max_chars)
+        self.shown_ids = set(seen.shown)
         self.seen_ids |= self.shown_ids
-        title = await self._evaluate("() => document.title")
-        text = f"Page: {title or '(untitled)'} {self.page.url}\n{tree}"
-        if len(text) > self.max_chars:
-            cut = len(text) - self.max_chars
-            text = text[:self.max_chars] + f"\n... ({cut} more characters not shown)"
-        return text
+        return seen.text
+
+    async def _snapshot(self) -> str:
+        """The accessibility tree; where a frame never loaded, first with a short wait (the snapshot waits its
+        whole timeout for such a frame, then leaves it out), then with the full one."""
+        unloaded = any(not f.url for f in self.page.frames if f != self.page.main_frame)
+        for timeout_ms in ((UNLOADED_FRAME_MS,) if unloaded else ()) + (LOAD_TIMEOUT_MS,):
+            try:
+                return await self.page.locator(self.task.observe).aria_snapshot(mode="ai", timeout=timeout_ms)
+            except Exception as e:
+                error = e
+        return f"(the page could not be read: {_first_line(error)})"
 
     # -- the end
     def grade(self, messages: list[dict]) -> Grade:
