@@ -21,7 +21,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.run_cache import run_path  # noqa: E402
+from clawr1.config import load_config  # noqa: E402
 from clawr1.report import load_run  # noqa: E402
+from clawr1.tracking import read_metrics  # noqa: E402
 from clawr1.tracking import read_metrics  # noqa: E402
 
 
@@ -42,7 +44,15 @@ class Run:
 
     @property
     def finished(self) -> bool:
-        return (self.path / "summary.json").exists()
+        """It trained to its last step and, where it evaluates, evaluated its last version (a run stopped during
+        its final evaluation is resumed for it)."""
+        if not (self.path / "summary.json").exists():
+            return False
+        if not (self.path / "config.yaml").exists():
+            return True  # not a run `clawr1 run` made (a hand-built one): its summary says it ended
+        cfg = load_config(self.path / "config.yaml")
+        return not cfg.rollout.eval_every or any(r.get("eval_version") == cfg.run.max_steps
+                                                 for r in read_metrics(self.path, "rollout"))
 
     def start(self) -> float:
         """Run it to the end unless it finished before: the minutes it took (0: cached). A run stopped part way
@@ -53,7 +63,7 @@ class Run:
         path = self.path
         path.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
-        resume = (path / "pool").is_dir()
+        resume = (path / "pool").is_dir()  # stopped part way, or before its final evaluation
         cmd = [sys.executable, "-m", "clawr1.cli", "run", str(self.recipe.relative_to(REPO)), f"run.dir={path}",
                *self.overrides, "--resume" if resume else "--overwrite"]
         log_path = path.parent / f"{path.name}.out"

@@ -21,7 +21,8 @@ from clawr1.runtime import ready_file
 from clawr1.tracking import MetricsTail, RunStatus
 
 STOP_ORDER = ("rollout", "trainer", "gateway", "judge")  # then everything else (pool, engines)
-FINAL_EVALUATION_TIMEOUT_S = 600
+FINAL_EVALUATION_TIMEOUT_S = 3600  # as long as any evaluation: 8 users x 16 questions of a 0.5B model on 2 busy cores
+# took over 10 minutes
 
 Driver = Callable[[], Callable[[], bool]]
 
@@ -212,6 +213,8 @@ class RunSkeleton:
 
     def _finish(self, cfg: Config) -> int:
         if self._runs_rollout() and cfg.rollout.eval_every:  # the final evaluation
+            self.echo(f"[run] training done; waiting for the final evaluation (at most "
+                      f"{FINAL_EVALUATION_TIMEOUT_S // 60} min)")
             done = ready_file(cfg, "rollout").with_suffix(".done")
             deadline = time.monotonic() + FINAL_EVALUATION_TIMEOUT_S
             while not self._rollout_has(done) and time.monotonic() < deadline:

@@ -5,8 +5,9 @@ implements `clawr1.environment.Environment`, and talks to the policy only throug
 the gateway with the official `openai` client, exactly like any external agent.
 Held-out evaluation runs as side turns (never trained on) every
 `rollout.eval_every` weight versions, and once more at the final version (a resumed
-run starts at its newest published version, evaluated unless it already was); then
-the loop reports done and idles until stopped. Each evaluation record names the
+run starts at its newest published version, evaluated unless it already was, the
+final one too: a run stopped during its final evaluation gets it on `--resume`);
+then the loop reports done and idles until stopped. Each evaluation record names the
 environment's headline metric (`eval_metric`), so the progress line and
 `clawr1 report` need not know the environment.
 """
@@ -158,11 +159,11 @@ async def run(cfg: Config, stop: asyncio.Event) -> None:
     log.info("environment %s: %s", cfg.rollout.env, env.describe())
     every = cfg.rollout.eval_every
 
-    async def on_version(version: int) -> None:
+    async def on_version(version: int, starting: bool = False) -> None:
         final = version >= cfg.run.max_steps
         if final:
             ro.finished.set()  # no more episodes: nothing would train on them
-        if every and (final or version % every == 0):
+        if every and (final or version % every == 0) and not (starting and evaluated(cfg, version)):
             await ro.evaluate(version)
         if final:
             done_file(cfg).write_text(str(version))
@@ -171,8 +172,7 @@ async def run(cfg: Config, stop: asyncio.Event) -> None:
     if cfg.rollout.max_pool_backlog:
         tasks.append(asyncio.create_task(ro.watch_pool(cfg.rollout.max_pool_backlog)))
     mark_ready(cfg, "rollout")
-    if every and ro.version % every == 0 and not evaluated(cfg, ro.version):
-        await ro.evaluate(ro.version)
+    await on_version(ro.version, starting=True)  # a resumed run's newest version: evaluated unless it was
     workers = [asyncio.create_task(ro.worker(i)) for i in range(cfg.rollout.concurrency)]
     tasks += workers
     try:

@@ -8,6 +8,7 @@ import pytest
 
 import benchmarks.runs
 from benchmarks.runs import Run, last_evaluation, scores
+from clawr1.config import load_config, save_config
 from tests.conftest import REPO
 
 RECIPE = REPO / "recipes/combined/cpu.yaml"
@@ -19,13 +20,29 @@ def write_evaluations(path, rows: list[dict]) -> None:
                                                 for i, r in enumerate(rows)))
 
 
-def test_a_finished_run_is_not_started_again(tmp_path):
-    run = Run(tmp_path, "combined-s1", RECIPE, ("run.max_steps=3",))
-    assert run.path.parent == tmp_path and run.path.name.startswith("combined-s1-") and not run.finished
-    run.path.mkdir()
+def _ended(run: Run, evaluated: list[int]) -> None:
+    """What a run that trained to its last step leaves: its config, summary and held-out evaluations."""
+    write_evaluations(run.path, [{"eval_metric": "personalization_score", "eval_version": v,
+                                  "personalization_score": 0.5} for v in evaluated])
+    save_config(load_config(RECIPE, list(run.overrides)), run.path / "config.yaml")
     (run.path / "summary.json").write_text("{}")
+
+
+def test_a_finished_run_is_not_started_again(tmp_path):
+    run = Run(tmp_path, "combined-s1", RECIPE, ("run.max_steps=3", "rollout.eval_every=2"))
+    assert run.path.parent == tmp_path and run.path.name.startswith("combined-s1-") and not run.finished
+    _ended(run, [0, 2, 3])
     assert run.finished and run.start() == 0.0
-    assert list(tmp_path.iterdir()) == [run.path]  # no log: nothing ran
+    assert sorted(tmp_path.iterdir()) == [run.path]  # no log: nothing ran
+
+
+def test_a_run_stopped_before_its_final_evaluation_is_not_finished(tmp_path):
+    run = Run(tmp_path, "combined-s1", RECIPE, ("run.max_steps=3", "rollout.eval_every=2"))
+    _ended(run, [0, 2])  # trained to step 3, stopped while version 3 was evaluated
+    assert not run.finished
+    never = Run(tmp_path, "combined-s2", RECIPE, ("run.max_steps=3", "rollout.eval_every=0"))
+    _ended(never, [])
+    assert never.finished  # a run that does not evaluate is finished when it trained
 
 
 def test_a_run_that_fails_ends_the_benchmark_and_names_its_log(tmp_path):

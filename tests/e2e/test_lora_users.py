@@ -65,6 +65,15 @@ def test_two_users_train_their_own_adapters_in_one_run(tiny_model, tmp_path):
     evals = [json.loads(line)["eval_version"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
              if "personalization_score_u0" in line]
     assert evals == [0, 4, 6]  # resumed at the published version 4, already evaluated: not again, nor called 0
+
+    # a run stopped during its final evaluation (the trainer done, the evaluation lost) gets it on --resume
+    metrics = run_dir / "metrics.jsonl"
+    metrics.write_text("".join(line + "\n" for line in metrics.read_text().splitlines()
+                               if json.loads(line).get("eval_version") != 6))
+    run(run_dir, "run.max_steps=6", "--resume")
+    evals = [json.loads(line)["eval_version"] for line in metrics.read_text().splitlines()
+             if "personalization_score_u0" in line]
+    assert evals == [0, 4, 6] and [r["step"] for r in trainer_records(run_dir)][-1] == 6  # nothing trained again
     out = subprocess.run([sys.executable, "-m", "clawr1.cli", "export", str(run_dir / "checkpoints" / "step000006"),
                           str(tmp_path / "export")], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
