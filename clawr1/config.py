@@ -682,6 +682,9 @@ class TinkerConfig(Section):
     api_key_env: str = Field("TINKER_API_KEY", description="The environment variable holding the key: the one "
                              "`clawr1 tinker-serve` requires of clients (unset: any key is accepted), and the one "
                              "trainer.backend=tinker and serve.backend=tinker send. It is never logged or written.")
+    session_ttl_s: PositiveFloat = Field(45.0, description="`clawr1 tinker-serve` finishes a session whose client "
+                                         "sent no heartbeat for this long (the SDK sends one every 10 s): its "
+                                         "training slots are freed; what it saved stays loadable.")
     # trainer.backend=tinker / serve.backend=tinker: training and sampling through Tinker's API
     base_url: str = Field("", description="The Tinker service (trainer.backend=tinker, serve.backend=tinker); empty: "
                           "the SDK's default, Tinker's own service; or a `clawr1 tinker-serve` URL.")

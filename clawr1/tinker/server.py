@@ -16,12 +16,18 @@ expects, in short:
 All training work runs on ONE worker thread (the trainer is single-threaded), sampling on a small pool. The
 event loop only parses requests and keeps the books (which model is at which seq_id, which sampling session
 samples which weights), so it never blocks on the backend.
+
+A session lives while its client heartbeats (the SDK sends one every 10 s). One silent for `session_ttl_s`
+(its process died without `ServiceClient.close()`, as the cookbook's loops end) is finished as Tinker finishes
+it: its training clients are released, so their slots train others, and its heartbeat is answered 410 (the
+SDK's sign to stop). What it saved (states, sampler weights) stays loadable by path.
 """
 from __future__ import annotations
 
 import asyncio
 import hmac
 import logging
+import time
 import uuid
 from collections import OrderedDict
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -48,6 +54,7 @@ PROTO = "application/x-protobuf"
 POLL_TIMEOUT_S = 20.0  # the client's retrieve_future HTTP timeout is 45 s
 KEEP_DELIVERED = 1024  # results kept after delivery, for a client that re-polls after a lost answer
 SAMPLE_WORKERS = 4
+SESSION_TTL_S = 45.0  # a session with no heartbeat for this long is finished (the SDK heartbeats every 10 s)
 CLIENT_CONFIG: dict[str, Any] = {
     "pjwt_auth_enabled": False,  # True would make the client exchange its key for a JWT first
     "use_pyqwest_transport": True,  # pyqwest speaks HTTP/1.1 over plain http://, which uvicorn serves
@@ -301,6 +308,36 @@ def _required(body: Mapping[str, Any], name: str) -> Any:
     return body[name]
 
 
+class Sessions:
+    """The live sessions and when each was last heard from; the ended ones are remembered, to say why."""
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self.seen: dict[str, float] = {}
+        self.ended: set[str] = set()
+
+    def start(self) -> str:
+        session_id = f"sess-{uuid.uuid4().hex[:12]}"
+        self.seen[session_id] = time.monotonic()
+        return session_id
+
+    def beat(self, session_id: str) -> bool:
+        """Note that the session's client is alive; False: it is not a live session (ended, or never started)."""
+        if session_id not in self.seen:
+            return False
+        self.seen[session_id] = time.monotonic()
+        return True
+
+    def end(self, session_id: str) -> None:
+        self.seen.pop(session_id, None)
+        self.ended.add(session_id)
+
+    def lapsed(self) -> list[str]:
+        """The sessions silent for longer than the TTL."""
+        now = time.monotonic()
+        return [s for s, t in self.seen.items() if now - t > self.ttl_s]
+
+
 def model_id_for(session_id: str, model_seq_id: int) -> str:
     """The SDK derives this id on its own when it creates a training client from a checkpoint."""
     return f"{session_id}:train:{model_seq_id}"
@@ -311,10 +348,12 @@ class TinkerService:
     touches the backend is queued as work: training on one thread (in each model's seq_id order), sampling on
     a pool."""
 
-    def __init__(self, backend: TinkerBackend, sample_workers: int = SAMPLE_WORKERS) -> None:
+    def __init__(self, backend: TinkerBackend, sample_workers: int = SAMPLE_WORKERS,
+                 session_ttl_s: float = SESSION_TTL_S) -> None:
         self.backend = backend
         self.info: ModelInfo = backend.info()
         self.futures = Futures()
+        self.sessions = Sessions(session_ttl_s)
         self.models: dict[str, TrainingModel] = {}
         # Written by the training thread just before the future that names the session completes, so a client
         # never asks for a session that is not there yet (a dict assignment is atomic).
@@ -332,6 +371,11 @@ class TinkerService:
     def _model(self, model_id: str) -> TrainingModel:
         model = self.models.get(model_id)
         if model is None:
+            session_id = model_id.split(":")[0]
+            if session_id in self.sessions.ended:
+                raise TinkerRequestError(f"model_id {model_id!r}: its session {session_id} has ended (closed, or no "
+                                         f"heartbeat for {self.sessions.ttl_s:g} s); create a new training client, "
+                                         f"from a saved state if it has one")
             raise TinkerRequestError(f"unknown model_id {model_id!r}")
         return model
 
@@ -362,12 +406,29 @@ class TinkerService:
         if isinstance(body, dict) and body.get("model_id") in self.models and isinstance(body.get("seq_id"), int):
             self._submit_training(body["model_id"], body["seq_id"], partial(_refuse, message), "unsupported request")
 
-    def finish_session(self, session_id: str) -> None:
+    # ---- sessions ----
+
+    def create_session(self) -> dict:
+        session_id = self.sessions.start()
+        log.info("session %s started", session_id)
+        return {"type": "create_session", "session_id": session_id}
+
+    def heartbeat(self, body: Mapping[str, Any]) -> Optional[dict]:
+        """The session's client is alive; None: the session has ended (answered 410, which stops the SDK's beat)."""
+        return {"type": "session_heartbeat"} if self.sessions.beat(_required(body, "session_id")) else None
+
+    def finish_session(self, session_id: str, why: str = "closed by its client") -> None:
         """Release the session's training clients once the work already handed to the training thread is done."""
+        self.sessions.end(session_id)
         for model_id in [m for m, model in self.models.items() if model.session_id == session_id]:
             del self.models[model_id]
             self.train_pool.submit(run_work, partial(self.backend.release_model, model_id), f"release {model_id}")
-        log.info("session %s finished", session_id)
+        log.info("session %s finished: %s", session_id, why)
+
+    def expire_sessions(self) -> None:
+        """Finish every session silent for longer than the TTL."""
+        for session_id in self.sessions.lapsed():
+            self.finish_session(session_id, f"no heartbeat for {self.sessions.ttl_s:g} s; its training slots are free")
 
     def _new_model(self, session_id: str, model_seq_id: int, base_model: str, rank: int) -> str:
         model_id = model_id_for(session_id, model_seq_id)
@@ -376,6 +437,7 @@ class TinkerService:
 
     def create_model(self, body: Mapping[str, Any]) -> dict:
         session_id, model_seq_id = _required(body, "session_id"), int(_required(body, "model_seq_id"))
+        self.sessions.beat(session_id)
         base_model, rank = _required(body, "base_model"), int(_required(_required(body, "lora_config"), "rank"))
         model_id = self._new_model(session_id, model_seq_id, base_model, rank)
         optimizer = (body.get("optimizer_config") or {}).get("type", "adamw")
@@ -468,6 +530,7 @@ class TinkerService:
             raise TinkerRequestError(f"this server samples {self.info.model_name!r} only, not {base_model!r}")
 
     def create_sampling_session(self, body: Mapping[str, Any]) -> dict:
+        self.sessions.beat(_required(body, "session_id"))
         session_id = f"{_required(body, 'session_id')}:sample:{int(_required(body, 'sampling_session_seq_id'))}"
         model_path = body.get("model_path")
         if model_path:
@@ -557,16 +620,24 @@ def _key_matches(request: Request, api_key: str) -> bool:
 
 
 def create_app(backend: TinkerBackend, api_key: Optional[str], *, client_config: Optional[Mapping[str, Any]] = None,
-               poll_timeout_s: float = POLL_TIMEOUT_S, sample_workers: int = SAMPLE_WORKERS) -> FastAPI:
+               poll_timeout_s: float = POLL_TIMEOUT_S, sample_workers: int = SAMPLE_WORKERS,
+               session_ttl_s: float = SESSION_TTL_S) -> FastAPI:
     """The Tinker API on `backend`. With `api_key`, every request must carry it as `X-API-Key` (the SDK sends its
     `api_key` there; it must start with "tml-"). `client_config` overrides what /client/config tells the SDK
-    (e.g. `fwdbwd_max_chunk_len`)."""
-    service = TinkerService(backend, sample_workers)
+    (e.g. `fwdbwd_max_chunk_len`). A session with no heartbeat for `session_ttl_s` is finished."""
+    service = TinkerService(backend, sample_workers, session_ttl_s)
     config = {**CLIENT_CONFIG, **(client_config or {})}
+
+    async def expire_sessions() -> None:
+        while True:
+            await asyncio.sleep(min(5.0, session_ttl_s / 4))
+            service.expire_sessions()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        reaper = asyncio.create_task(expire_sessions())
         yield
+        reaper.cancel()
         await asyncio.to_thread(service.shutdown)
 
     app = FastAPI(title="clawr1 tinker-serve (Tinker API)", lifespan=lifespan, docs_url=None, redoc_url=None,
@@ -593,8 +664,7 @@ def create_app(backend: TinkerBackend, api_key: Optional[str], *, client_config:
 
     json_post("client/config", lambda _: config)
     json_post("client/dynamic_config", lambda _: {"refresh_interval_sec": 300, "sample_cancel_enabled": False})
-    json_post("create_session", lambda _: _create_session())
-    json_post("session_heartbeat", lambda _: {"type": "session_heartbeat"})
+    json_post("create_session", lambda _: service.create_session())
     json_post("telemetry", lambda _: {"status": "accepted"})
     json_post("create_model", service.create_model)
     json_post("get_info", service.get_info)
@@ -604,6 +674,15 @@ def create_app(backend: TinkerBackend, api_key: Optional[str], *, client_config:
     json_post("save_weights_for_sampler", service.save_weights_for_sampler)
     json_post("create_sampling_session", service.create_sampling_session)
     json_post("asample", service.asample)
+
+    @app.post(f"{API}/session_heartbeat")
+    async def session_heartbeat(request: Request) -> Any:
+        body = await _json_object(request)
+        with _decoding("session_heartbeat request"):
+            alive = service.heartbeat(body)
+        if alive is None:
+            return JSONResponse({"error": f"session {body['session_id']} has ended"}, status_code=410)
+        return alive
 
     @app.post(f"{API}/forward_backward")
     async def forward_backward(request: Request) -> dict:
@@ -638,8 +717,3 @@ def create_app(backend: TinkerBackend, api_key: Optional[str], *, client_config:
 
     return app
 
-
-def _create_session() -> dict:
-    session_id = f"sess-{uuid.uuid4().hex[:12]}"
-    log.info("session %s started", session_id)
-    return {"type": "create_session", "session_id": session_id}

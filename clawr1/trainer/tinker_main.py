@@ -41,10 +41,11 @@ def serve(cfg: Config) -> int:
         wait_http(f"{cfg.engine_url}/health", engine, cfg.run.startup_timeout_s)
         backend = MegatronTinkerBackend(cfg, cfg.engine_url)
         api_key = os.environ.get(cfg.tinker.api_key_env) or None
-        app = create_app(backend, api_key)
+        app = create_app(backend, api_key, session_ttl_s=cfg.tinker.session_ttl_s)
         url = f"http://{cfg.tinker.host}:{cfg.tinker.port}"
         print(f"[tinker-serve] {backend.info().model_name}: Tinker API at {url} (engine {cfg.engine_url}, "
-              f"{cfg.lora.slots} training slots, LoRA rank {cfg.lora.rank}; "
+              f"{cfg.lora.slots} training slots, LoRA rank {cfg.lora.rank}, sessions end "
+              f"{cfg.tinker.session_ttl_s:g} s after their last heartbeat; "
               f"{'key required' if api_key else 'any key accepted'})", flush=True)
         (cfg.run_dir / "tinker_url").write_text(url)
         # the SDK keeps idle connections up to 90 s; Ctrl-C must not wait out clients' 20 s long polls

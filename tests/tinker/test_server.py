@@ -307,3 +307,48 @@ def test_a_finished_session_releases_its_training_clients(start, backend):
     while not backend.called("release_model") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert backend.called("release_model") == [("release_model", training.model_id)]
+
+
+# ---------------------------------------------------------------- sessions with a lease
+SESSION_TTL_S = 15.0  # above the SDK's 10-s heartbeat, so a live client is never taken for a dead one
+DYING_CLIENT = """
+import sys, time, tinker
+client = tinker.ServiceClient(base_url=sys.argv[1], api_key=sys.argv[2])
+training = client.create_lora_training_client(base_model=sys.argv[3], rank=8).result()
+print(training.model_id, flush=True)
+time.sleep(3600)  # never closes its ServiceClient: killed, as a cookbook loop that ends or crashes
+"""
+
+
+def test_a_client_that_dies_without_closing_frees_its_slot_within_the_ttl(start, backend):
+    import os
+    import subprocess
+    import sys
+
+    url, client = start(session_ttl_s=SESSION_TTL_S)
+    live = client().create_lora_training_client(base_model=BASE_MODEL, rank=8).result()
+    dying = subprocess.Popen([sys.executable, "-c", DYING_CLIENT, url, API_KEY, BASE_MODEL], stdout=subprocess.PIPE,
+                             text=True, env={**os.environ, "TINKER_TELEMETRY": "0", "NO_PROXY": "127.0.0.1"})
+    try:
+        model_id = dying.stdout.readline().strip()
+        assert ("create_model", model_id, 8) in backend.calls
+    finally:
+        dying.kill()
+        dying.wait(30)
+        dying.stdout.close()
+    killed = time.monotonic()
+    while ("release_model", model_id) not in backend.calls and time.monotonic() - killed < 2 * SESSION_TTL_S:
+        time.sleep(0.2)
+    assert ("release_model", model_id) in backend.calls
+    assert time.monotonic() - killed <= SESSION_TTL_S + 10 + 5  # the TTL, its last beat's age at most, a check
+    assert ("release_model", live.model_id) not in backend.calls  # a client that heartbeats keeps its session
+    assert live.forward_backward([datum([1, 2, 3], target_tokens=[2, 3, 4], weights=[1.0, 1.0, 1.0])],
+                                 "cross_entropy").result().loss_fn_outputs
+    session_id = model_id.split(":")[0]
+    beat = httpx.post(f"{url}/api/v1/session_heartbeat", json={"session_id": session_id},
+                      headers={"X-API-Key": API_KEY})
+    assert beat.status_code == 410  # the SDK's sign that its session has ended
+    with httpx.Client(base_url=url, headers={"X-API-Key": API_KEY}) as http:
+        answer = http.post("/api/v1/optim_step", json={"model_id": model_id, "seq_id": 1, "adam_params": {
+            "learning_rate": 1e-3}}).json()
+    assert "has ended" in answer["error"] and "no heartbeat for 15 s" in answer["error"], answer
