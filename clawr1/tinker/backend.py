@@ -44,6 +44,7 @@ class ModelInfo:
     tokenizer_id: str  # a local directory AutoTokenizer loads (no hub download)
     lora_rank: int
     arch: str = ""
+    max_context: int = 0  # tokens a sample's prompt and reply may hold together (0: unknown, not checked)
 
 
 @dataclass
@@ -55,8 +56,9 @@ class ForwardBackwardResult:
 class TinkerBackend(Protocol):
     def info(self) -> ModelInfo: ...
 
-    def create_model(self, model_id: str, base_model: str, rank: int) -> None:
-        """A new LoRA training client; refuses a base model or rank it cannot train, or when all slots are taken."""
+    def create_model(self, model_id: str, base_model: str, rank: int, seed: Optional[int]) -> None:
+        """A new LoRA training client, its adapter initialized from `seed` (None: the server's own); refuses a base
+        model or rank it cannot train, or when all slots are taken."""
 
     def release_model(self, model_id: str) -> None:
         """The client's session finished: its slot may train another client (its saved weights stay)."""
@@ -69,13 +71,17 @@ class TinkerBackend(Protocol):
                    weight_decay: float, grad_clip_norm: float) -> dict[str, float]:
         """One AdamW step on the model's adapter with the accumulated gradients, which are then cleared."""
 
-    def save_state(self, model_id: str, name: str) -> str:
-        """Adapter and optimizer state saved under `name`; returns its tinker:// path."""
+    def save_state(self, model_id: str, name: str, overwrite: bool) -> str:
+        """Adapter and optimizer state saved under `name`; returns its tinker:// path. A name saved before is
+        refused unless `overwrite`."""
 
     def load_state(self, model_id: str, path: str, with_optimizer: bool) -> None: ...
 
     def save_for_sampler(self, model_id: str, name: Optional[str]) -> str:
         """The adapter's current weights made available to sampling; returns the sampler reference (a path)."""
+
+    def check_sampler(self, path: str) -> None:
+        """Refuses (TinkerRequestError) a sampler path that names no saved sampler weights."""
 
     def sample(self, sampler: str, prompt: list[int], num_samples: int, max_tokens: int, temperature: float,
                top_p: float, top_k: int, stop: Optional[list], seed: Optional[int],

@@ -202,9 +202,16 @@ def decode_sample_request(body: Mapping[str, Any]) -> dict[str, Any]:
         params = body["sampling_params"]
         if params.get("max_tokens") is None:
             raise TinkerRequestError("sampling_params.max_tokens is required")
+        if int(params["max_tokens"]) < 1:
+            raise TinkerRequestError(f"sampling_params.max_tokens must be at least 1, got {params['max_tokens']}")
+        if int(body.get("num_samples", 1)) < 1:
+            raise TinkerRequestError(f"num_samples must be at least 1, got {body.get('num_samples')}")
+        prompt = prompt_tokens(body["prompt"])
+        if not prompt:
+            raise TinkerRequestError("the prompt (model_input) has no tokens")
         stop = params.get("stop")
         return {
-            "prompt": prompt_tokens(body["prompt"]), "num_samples": int(body.get("num_samples", 1)),
+            "prompt": prompt, "num_samples": int(body.get("num_samples", 1)),
             "max_tokens": int(params["max_tokens"]), "temperature": float(params.get("temperature", 1.0)),
             "top_p": float(params.get("top_p", 1.0)), "top_k": int(params.get("top_k", -1)),
             "stop": [stop] if isinstance(stop, str) else stop, "seed": params.get("seed"),
@@ -438,14 +445,16 @@ class TinkerService:
     def create_model(self, body: Mapping[str, Any]) -> dict:
         session_id, model_seq_id = _required(body, "session_id"), int(_required(body, "model_seq_id"))
         self.sessions.beat(session_id)
-        base_model, rank = _required(body, "base_model"), int(_required(_required(body, "lora_config"), "rank"))
+        lora_config = _required(body, "lora_config")
+        base_model, rank = _required(body, "base_model"), int(_required(lora_config, "rank"))
+        seed = lora_config.get("seed")
         model_id = self._new_model(session_id, model_seq_id, base_model, rank)
         optimizer = (body.get("optimizer_config") or {}).get("type", "adamw")
 
         def work() -> dict:
             if optimizer != "adamw":
                 raise TinkerRequestError(f"optimizer {optimizer!r} is not supported (adamw only)")
-            self.backend.create_model(model_id, base_model, rank)
+            self.backend.create_model(model_id, base_model, rank, None if seed is None else int(seed))
             log.info("created %s (%s, LoRA rank %d)", model_id, base_model, rank)
             return {"type": "create_model", "model_id": model_id}
 
@@ -481,7 +490,8 @@ class TinkerService:
 
     def save_weights(self, body: Mapping[str, Any]) -> dict:
         def work() -> dict:
-            return {"type": "save_weights", "path": self.backend.save_state(body["model_id"], _required(body, "path"))}
+            return {"type": "save_weights", "path": self.backend.save_state(
+                body["model_id"], _required(body, "path"), bool(body.get("overwrite", False)))}
 
         return self._submit_training_request(body, work, "save_weights")
 
@@ -496,7 +506,7 @@ class TinkerService:
 
         def work() -> dict:
             model = self.models[model_id]
-            self.backend.create_model(model_id, model.base_model, model.rank)
+            self.backend.create_model(model_id, model.base_model, model.rank, None)  # the state's weights follow
             return self._load(body, model_id)
 
         return self._submit_training(model_id, 0, work, "load_weights")
@@ -534,6 +544,7 @@ class TinkerService:
         session_id = f"{_required(body, 'session_id')}:sample:{int(_required(body, 'sampling_session_seq_id'))}"
         model_path = body.get("model_path")
         if model_path:
+            self.backend.check_sampler(model_path)  # a bad path is refused now, not at the first sample
             session = SamplingSession(model_path, self.info.model_name, model_path)
         else:
             self._check_base_model(_required(body, "base_model"))
@@ -563,7 +574,12 @@ class TinkerService:
         num_samples = int(body.get("num_samples", 1))
 
         def work() -> bytes:
-            result = self.backend.sample(self._sampler_of(body), **decode_sample_request(body))
+            call = decode_sample_request(body)
+            context = self.info.max_context
+            if context and len(call["prompt"]) + call["max_tokens"] > context:
+                raise TinkerRequestError(f"the prompt ({len(call['prompt'])} tokens) and max_tokens "
+                                         f"({call['max_tokens']}) exceed the model's context of {context} tokens")
+            result = self.backend.sample(self._sampler_of(body), **call)
             if len(result.sequences) != num_samples:
                 raise ValueError(f"backend returned {len(result.sequences)} of {num_samples} samples")
             return encode_sample_response(result)

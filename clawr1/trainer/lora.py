@@ -115,13 +115,15 @@ class LoraAdapters(torch.nn.Module):
     def key(layer: int, target: str, slot: int) -> str:
         return f"{layer}_{target}_{slot}"
 
-    def reset_slot(self, slot: int) -> None:
-        """A slot back to a fresh adapter: A as initialized, B = 0 (so it changes nothing), no gradients."""
+    def reset_slot(self, slot: int, seed: Optional[int] = None) -> None:
+        """A slot back to a fresh adapter: A initialized from `seed` (None: the adapters' own), B = 0 (so it
+        changes nothing), no gradients."""
+        seed = self.seed if seed is None else seed
         with torch.no_grad():
             for layer in range(self.arch.num_layers):
                 for target in self.shape.targets:
                     key = self.key(layer, target, slot)
-                    a_full = _initial_a(self.seed, layer, target, (self.shape.rank, full_shape(self.arch, target)[1]))
+                    a_full = _initial_a(seed, layer, target, (self.shape.rank, full_shape(self.arch, target)[1]))
                     column = target in COLUMN_PARALLEL
                     self.a[key].copy_(a_full if column else a_full.chunk(self.tp, dim=1)[self.tp_rank])
                     self.b[key].zero_()

@@ -26,7 +26,7 @@ import torch
 
 from clawr1.algo.tinker_losses import LossInputError, check_loss_call, tinker_loss
 from clawr1.config import Config
-from clawr1.engine_api.client import SyncEngineClient
+from clawr1.engine_api.client import SERVER_INFO_PATHS, SyncEngineClient
 from clawr1.model_path import resolve_model_path
 from clawr1.tinker.backend import (Datum, ForwardBackwardResult, ModelInfo, SampledSequence, SampleResult,
                                    TinkerRequestError)
@@ -59,6 +59,7 @@ class MegatronTinkerBackend:
         self.optimizers: dict[str, torch.optim.AdamW] = {}
         self.saves: dict[str, int] = {}
         self.engine = SyncEngineClient(engine_url)
+        self.max_context = engine_context_length(self.engine)
         self.loaded: OrderedDict[str, Path] = OrderedDict()  # adapters in the engine, least recently used first
         self.engine_lock = threading.Lock()
 
@@ -66,9 +67,9 @@ class MegatronTinkerBackend:
     def info(self) -> ModelInfo:
         return ModelInfo(model_name=self.cfg.tinker.model_name or self.model_path.name,
                          tokenizer_id=str(self.model_path.resolve()), lora_rank=self.shape.rank,
-                         arch=self.policy.arch.family)
+                         arch=self.policy.arch.family, max_context=self.max_context)
 
-    def create_model(self, model_id: str, base_model: str, rank: int) -> None:
+    def create_model(self, model_id: str, base_model: str, rank: int, seed: Optional[int]) -> None:
         served = self.info().model_name
         if base_model not in (served, str(self.model_path)):
             raise TinkerRequestError(f"this server trains {served!r}, not {base_model!r}")
@@ -78,7 +79,7 @@ class MegatronTinkerBackend:
         if not free:
             raise TinkerRequestError(f"all {self.shape.slots} training slots are taken (lora.slots)")
         slot = free[0]
-        self.policy.lora.reset_slot(slot)  # a slot a released client trained starts afresh
+        self.policy.lora.reset_slot(slot, seed)  # a slot a released client trained starts afresh
         self.slot_of[model_id] = slot
         self.optimizers[model_id] = torch.optim.AdamW(self.policy.lora.slot_parameters(slot), lr=1e-4)
         log.info("training client %s: LoRA slot %d, rank %d", model_id, slot, rank)
@@ -164,9 +165,13 @@ class MegatronTinkerBackend:
         return {"grad_norm:mean": norm, "learning_rate:mean": learning_rate}
 
     # -- checkpoints
-    def save_state(self, model_id: str, name: str) -> str:
+    def save_state(self, model_id: str, name: str, overwrite: bool) -> str:
         slot = self._slot(model_id)
         path = self._path("weights", model_id, name, ".pt")
+        if path.exists() and not overwrite:
+            saved = self._tinker_path("weights", model_id, name)
+            raise TinkerRequestError(f"a state named {name!r} is saved already ({saved}); save under another name, "
+                                     f"or with overwrite=True")
         path.parent.mkdir(parents=True, exist_ok=True)
         adapters = {k: v.detach().clone() for k, v in self.policy.lora.state_dict().items() if k.endswith(f"_{slot}")}
         torch.save({"slot": slot, "adapters": adapters, "optimizer": self.optimizers[model_id].state_dict()}, path)
@@ -229,6 +234,10 @@ class MegatronTinkerBackend:
         self._load(sampler, directory)
         return sampler
 
+    def check_sampler(self, path: str) -> None:
+        if not self._local(path, "sampler_weights", "").is_dir():
+            raise TinkerRequestError(f"no sampler weights at {path!r}")
+
     def _load(self, name: str, directory: Path) -> None:
         with self.engine_lock:
             while len(self.loaded) >= max(1, self.cfg.serve.max_loras - 1):
@@ -256,6 +265,15 @@ class MegatronTinkerBackend:
 
     def close(self) -> None:
         self.engine.close()
+
+
+def engine_context_length(engine: SyncEngineClient) -> int:
+    """The tokens a request may hold on the engine (its /server_info's context_length; 0 where it says none)."""
+    for path in SERVER_INFO_PATHS:
+        reply = engine.http.get(path)
+        if reply.status_code == 200:
+            return int(reply.json().get("context_length") or 0)
+    return 0
 
 
 def _stop_params(stop: list) -> dict:

@@ -33,6 +33,7 @@ from clawr1.tinker.server import create_app  # noqa: E402
 API_KEY = "tml-test-9f3c2a71e5"
 BASE_MODEL = "test/base-model"
 POLL_TIMEOUT_S = 1.0
+MAX_CONTEXT = 64
 
 
 def target_logprobs(n: int) -> np.ndarray:
@@ -44,14 +45,17 @@ class RecordingBackend:
 
     def __init__(self) -> None:
         self.calls: list[tuple] = []
+        self.seeds: dict[str, Optional[int]] = {}
 
     def info(self) -> ModelInfo:
-        return ModelInfo(model_name=BASE_MODEL, tokenizer_id="test-tokenizer-dir", lora_rank=8, arch="test")
+        return ModelInfo(model_name=BASE_MODEL, tokenizer_id="test-tokenizer-dir", lora_rank=8, arch="test",
+                         max_context=MAX_CONTEXT)
 
-    def create_model(self, model_id: str, base_model: str, rank: int) -> None:
+    def create_model(self, model_id: str, base_model: str, rank: int, seed: Optional[int]) -> None:
         if base_model != BASE_MODEL:
             raise TinkerRequestError(f"cannot train {base_model}")
         self.calls.append(("create_model", model_id, rank))
+        self.seeds[model_id] = seed
 
     def forward_backward(self, model_id: str, data: list[Datum], loss_fn: str, loss_fn_config: dict[str, float],
                          forward_only: bool) -> ForwardBackwardResult:
@@ -72,14 +76,20 @@ class RecordingBackend:
         self.calls.append(("optim_step", model_id, learning_rate, beta1, beta2, eps, weight_decay, grad_clip_norm))
         return {"grad_norm:mean": 0.5}
 
-    def save_state(self, model_id: str, name: str) -> str:
+    def save_state(self, model_id: str, name: str, overwrite: bool) -> str:
         if name == "boom":
             raise RuntimeError("disk full")
+        if ("save_state", model_id, name) in self.calls and not overwrite:
+            raise TinkerRequestError(f"a state named {name!r} is saved already")
         self.calls.append(("save_state", model_id, name))
         return f"tinker://{model_id.replace(':', '_')}/weights/{name}"
 
     def load_state(self, model_id: str, path: str, with_optimizer: bool) -> None:
         self.calls.append(("load_state", model_id, path, with_optimizer))
+
+    def check_sampler(self, path: str) -> None:
+        if "/sampler_weights/" not in path:
+            raise TinkerRequestError(f"no sampler weights at {path!r}")
 
     def save_for_sampler(self, model_id: str, name: Optional[str]) -> str:
         self.calls.append(("save_for_sampler", model_id, name))
@@ -352,3 +362,39 @@ def test_a_client_that_dies_without_closing_frees_its_slot_within_the_ttl(start,
         answer = http.post("/api/v1/optim_step", json={"model_id": model_id, "seq_id": 1, "adam_params": {
             "learning_rate": 1e-3}}).json()
     assert "has ended" in answer["error"] and "no heartbeat for 15 s" in answer["error"], answer
+
+
+# ---------------------------------------------------------------- a user's mistake, named
+def test_a_users_mistake_is_named_and_never_an_internal_error(start, backend):
+    _, client = start()
+    service = client()
+    training = service.create_lora_training_client(base_model=BASE_MODEL, rank=8).result()
+    sampling = training.save_weights_and_get_sampling_client().result()
+    prompt = types.ModelInput.from_ints([11, 12, 13])
+    mistakes = [
+        (lambda: sampling.sample(prompt, 0, types.SamplingParams(max_tokens=3)), "num_samples must be at least 1"),
+        (lambda: sampling.sample(prompt, 1, types.SamplingParams(max_tokens=MAX_CONTEXT)),
+         f"the prompt (3 tokens) and max_tokens ({MAX_CONTEXT}) exceed the model's context of {MAX_CONTEXT} tokens"),
+        (lambda: sampling.sample(types.ModelInput.from_ints([]), 1, types.SamplingParams(max_tokens=3)),
+         "the prompt (model_input) has no tokens"),
+    ]
+    for call, message in mistakes:
+        with pytest.raises(tinker.RequestFailedError) as raised:
+            call().result(timeout=30)
+        assert message in str(raised.value) and "internal error" not in str(raised.value)
+    assert sampling.sample(prompt, 1, types.SamplingParams(max_tokens=MAX_CONTEXT - 3)).result().sequences
+
+    training.save_state("kept").result()
+    with pytest.raises(tinker.RequestFailedError, match="a state named 'kept' is saved already"):
+        training.save_state("kept").result()
+    assert training.save_state("kept", overwrite=True).result().path.endswith("/weights/kept")
+    with pytest.raises(Exception, match="no sampler weights at 'tinker://nowhere/weights/x'"):
+        service.create_sampling_client(model_path="tinker://nowhere/weights/x").result(timeout=30)  # not at a sample
+
+
+def test_the_lora_seed_reaches_the_backend(start, backend):
+    _, client = start()
+    service = client()
+    seeded = service.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=7).result()
+    unseeded = service.create_lora_training_client(base_model=BASE_MODEL, rank=8).result()
+    assert backend.seeds == {seeded.model_id: 7, unseeded.model_id: None}

@@ -65,6 +65,12 @@ def test_a_reset_slot_is_a_fresh_adapter_and_the_other_slot_keeps_its_own(tiny_m
     assert all(torch.equal(state[k], fresh[k]) for k in fresh if k.endswith("_1"))
     assert all(torch.equal(state[k], v) for k, v in trained_slot_0.items())
 
+    adapters.reset_slot(1, seed=11)  # a Tinker client's own seed: another A, the same for the same seed
+    seeded = {k: v.clone() for k, v in adapters.state_dict().items() if k.endswith("_1")}
+    assert all(not torch.equal(seeded[k], fresh[k]) for k in seeded if k.startswith("a."))  # every A redrawn
+    adapters.reset_slot(1, seed=11)
+    assert all(torch.equal(adapters.state_dict()[k], v) for k, v in seeded.items())
+
 
 def test_merged_and_unmerged_logits_agree(tiny_model, megatron_tp1):
     """In float64, so the gap is rounding only: merged (W + BA)x and unmerged Wx + B(Ax) are the same sums in
