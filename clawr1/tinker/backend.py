@@ -83,6 +83,9 @@ class TinkerBackend(Protocol):
     def check_sampler(self, path: str) -> None:
         """Refuses (TinkerRequestError) a sampler path that names no saved sampler weights."""
 
+    def delete_checkpoint(self, path: str) -> None:
+        """The saved state or sampler weights at `path` deleted (unloaded from sampling first)."""
+
     def sample(self, sampler: str, prompt: list[int], num_samples: int, max_tokens: int, temperature: float,
                top_p: float, top_k: int, stop: Optional[list], seed: Optional[int],
                prompt_logprobs: bool) -> SampleResult:

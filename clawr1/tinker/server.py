@@ -46,6 +46,7 @@ from tinker.proto.response_conv import _tensor_data_from_proto
 from clawr1.tinker.backend import (
     Datum, ForwardBackwardResult, ModelInfo, SampleResult, TinkerBackend, TinkerRequestError,
 )
+from clawr1.tinker.runs import RunBook
 
 log = logging.getLogger(__name__)
 
@@ -361,6 +362,7 @@ class TinkerService:
         self.info: ModelInfo = backend.info()
         self.futures = Futures()
         self.sessions = Sessions(session_ttl_s)
+        self.book = RunBook()  # what the RestClient lists: training runs and their checkpoints
         self.models: dict[str, TrainingModel] = {}
         # Written by the training thread just before the future that names the session completes, so a client
         # never asks for a session that is not there yet (a dict assignment is atomic).
@@ -389,6 +391,7 @@ class TinkerService:
     def _submit_training(self, model_id: str, seq_id: int, work: Work, label: str) -> dict:
         """Queue a training request; it runs once every request of its model with a lower seq_id has started."""
         model = self._model(model_id)
+        self.book.touched(model_id)
         if seq_id in model.request_ids:  # the client resent a request whose answer it lost
             return {"request_id": model.request_ids[seq_id], "model_id": model_id}
         request_id = self.futures.create()
@@ -440,6 +443,7 @@ class TinkerService:
     def _new_model(self, session_id: str, model_seq_id: int, base_model: str, rank: int) -> str:
         model_id = model_id_for(session_id, model_seq_id)
         self.models.setdefault(model_id, TrainingModel(session_id, base_model, rank))
+        self.book.opened(model_id, base_model, rank)
         return model_id
 
     def create_model(self, body: Mapping[str, Any]) -> dict:
@@ -490,8 +494,10 @@ class TinkerService:
 
     def save_weights(self, body: Mapping[str, Any]) -> dict:
         def work() -> dict:
-            return {"type": "save_weights", "path": self.backend.save_state(
-                body["model_id"], _required(body, "path"), bool(body.get("overwrite", False)))}
+            path = self.backend.save_state(body["model_id"], _required(body, "path"),
+                                           bool(body.get("overwrite", False)))
+            self.book.saved(body["model_id"], path)
+            return {"type": "save_weights", "path": path}
 
         return self._submit_training_request(body, work, "save_weights")
 
@@ -524,6 +530,7 @@ class TinkerService:
             if name is None and body.get("sampling_session_seq_id") is None:
                 raise TinkerRequestError("save_weights_for_sampler needs path or sampling_session_seq_id")
             sampler = self.backend.save_for_sampler(model_id, name)
+            self.book.saved(model_id, sampler)
             if name is not None:
                 return {"type": "save_weights_for_sampler", "path": sampler}
             model = self.models[model_id]
@@ -716,6 +723,32 @@ def create_app(backend: TinkerBackend, api_key: Optional[str], *, client_config:
     @app.post(API + "/sessions/{session_id}/finish")
     async def finish_session(session_id: str) -> None:
         service.finish_session(session_id)
+
+    def listed(lookup: Callable[[], Any]) -> Any:
+        try:
+            return lookup()
+        except LookupError as e:
+            return JSONResponse({"error": str(e)}, status_code=404)
+
+    @app.get(f"{API}/training_runs")
+    async def training_runs(offset: int = 0, limit: int = 20) -> Any:
+        return service.book.runs(offset, limit)
+
+    @app.get(API + "/training_runs/{run_id}")
+    async def training_run(run_id: str) -> Any:
+        return listed(lambda: service.book.run(run_id))
+
+    @app.get(API + "/training_runs/{run_id}/checkpoints")
+    async def checkpoints(run_id: str) -> Any:
+        return listed(lambda: service.book.checkpoints(run_id))
+
+    @app.delete(API + "/training_runs/{run_id}/checkpoints/{checkpoint_id:path}")
+    async def delete_checkpoint(run_id: str, checkpoint_id: str) -> Any:
+        removed = listed(lambda: service.book.removed(run_id, checkpoint_id))
+        if isinstance(removed, JSONResponse):
+            return removed
+        await asyncio.to_thread(backend.delete_checkpoint, removed)
+        return Response(status_code=204)
 
     @app.get(f"{API}/healthz")
     async def healthz() -> dict:

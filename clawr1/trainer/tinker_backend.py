@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -237,6 +238,17 @@ class MegatronTinkerBackend:
     def check_sampler(self, path: str) -> None:
         if not self._local(path, "sampler_weights", "").is_dir():
             raise TinkerRequestError(f"no sampler weights at {path!r}")
+
+    def delete_checkpoint(self, path: str) -> None:
+        kind = "sampler_weights" if "/sampler_weights/" in path else "weights"
+        local = self._local(path, kind, "" if kind == "sampler_weights" else ".pt")
+        with self.engine_lock:
+            if self.loaded.pop(path, None) is not None:
+                self.engine.unload_lora_adapter(path)
+        if local.is_dir():
+            shutil.rmtree(local)
+        else:
+            local.unlink(missing_ok=True)
 
     def _load(self, name: str, directory: Path) -> None:
         with self.engine_lock:

@@ -87,6 +87,9 @@ class RecordingBackend:
     def load_state(self, model_id: str, path: str, with_optimizer: bool) -> None:
         self.calls.append(("load_state", model_id, path, with_optimizer))
 
+    def delete_checkpoint(self, path: str) -> None:
+        self.calls.append(("delete_checkpoint", path))
+
     def check_sampler(self, path: str) -> None:
         if "/sampler_weights/" not in path:
             raise TinkerRequestError(f"no sampler weights at {path!r}")
@@ -302,9 +305,9 @@ def test_an_unsupported_endpoint_is_named_and_takes_its_turn(start, backend):
         training.save_weights_external("exported").result(timeout=10)
     assert training.save_state("after").result(timeout=10).path.endswith("/weights/after")
 
-    answer = httpx.get(f"{url}/api/v1/training_runs/some-run", headers={"X-API-Key": API_KEY})
+    answer = httpx.get(f"{url}/api/v1/sessions", headers={"X-API-Key": API_KEY})
     assert answer.status_code == 404
-    assert answer.json() == {"error": "clawr1 tinker-serve does not support GET /api/v1/training_runs/some-run"}
+    assert answer.json() == {"error": "clawr1 tinker-serve does not support GET /api/v1/sessions"}
 
 
 def test_a_finished_session_releases_its_training_clients(start, backend):
@@ -398,3 +401,27 @@ def test_the_lora_seed_reaches_the_backend(start, backend):
     seeded = service.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=7).result()
     unseeded = service.create_lora_training_client(base_model=BASE_MODEL, rank=8).result()
     assert backend.seeds == {seeded.model_id: 7, unseeded.model_id: None}
+
+
+# ---------------------------------------------------------------- the RestClient
+def test_the_rest_client_lists_runs_and_checkpoints_and_deletes_one(start, backend):
+    _, client = start()
+    service = client()
+    training = service.create_lora_training_client(base_model=BASE_MODEL, rank=8).result()
+    state = training.save_state("s1").result().path
+    sampler = training.save_weights_for_sampler("w1").result().path
+    rest = service.create_rest_client()
+    runs = rest.list_training_runs().result()
+    assert [r.training_run_id for r in runs.training_runs] == [training.model_id] and runs.cursor.total_count == 1
+    run = rest.get_training_run(training.model_id).result()
+    assert (run.base_model, run.lora_rank, run.last_checkpoint.tinker_path,
+            run.last_sampler_checkpoint.tinker_path) == (BASE_MODEL, 8, state, sampler)
+    listed = rest.list_checkpoints(training.model_id).result().checkpoints
+    assert [(c.checkpoint_type, c.tinker_path) for c in listed] == [("training", state), ("sampler", sampler)]
+    rest.delete_checkpoint_from_tinker_path(state).result()
+    assert backend.calls[-1] == ("delete_checkpoint", state)
+    assert [c.tinker_path for c in rest.list_checkpoints(training.model_id).result().checkpoints] == [sampler]
+    with pytest.raises(Exception, match="no training run 'nope' on this server"):
+        rest.list_checkpoints("nope").result()
+    with pytest.raises(Exception, match="has no checkpoint 'weights/s1'"):
+        rest.delete_checkpoint_from_tinker_path(state).result()

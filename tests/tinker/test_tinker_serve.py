@@ -110,3 +110,28 @@ def test_a_wrong_key_is_refused_and_the_key_is_written_nowhere(served):
             sc.close("errored").result(timeout=30)
     written = [p for p in run_dir.rglob("*") if p.is_file() and KEY.encode() in p.read_bytes()]
     assert not written
+
+
+def test_checkpoints_are_listed_deleted_and_what_the_server_saved_for_the_real_trainer(served):
+    """The RestClient against the real trainer: a saved state and sampler weights are listed with their paths,
+    a bad sampler path is refused when the client is made, and a deleted checkpoint's files are gone."""
+    url, model_name, run_dir = served
+    sc = service(url)
+    try:
+        trainer = sc.create_lora_training_client(base_model=model_name, rank=8, seed=3)
+        state = trainer.save_state("kept").result().path
+        with pytest.raises(Exception, match="saved already"):
+            trainer.save_state("kept").result()
+        sampler = trainer.save_weights_for_sampler("w").result().path
+        rest = sc.create_rest_client()
+        listed = [c.tinker_path for c in rest.list_checkpoints(trainer.model_id).result().checkpoints]
+        assert listed == [state, sampler]
+        files = sorted(p for p in (run_dir / "tinker").rglob("*") if p.name in ("kept.pt", "w"))
+        assert len(files) == 2
+        rest.delete_checkpoint_from_tinker_path(state).result()
+        rest.delete_checkpoint_from_tinker_path(sampler).result()
+        assert not any(p.exists() for p in files) and rest.list_checkpoints(trainer.model_id).result().checkpoints == []
+        with pytest.raises(Exception, match="no sampler weights at"):
+            sc.create_sampling_client(model_path=sampler).result(timeout=60)
+    finally:
+        sc.close("success").result(timeout=30)
