@@ -41,7 +41,7 @@ class SampleResult:
 @dataclass
 class ModelInfo:
     model_name: str  # what the client reports as its base model
-    tokenizer_id: str  # a local directory AutoTokenizer loads (no hub download)
+    tokenizer_dir: str  # the directory of the model's tokenizer files, which the server hands out (/hub)
     lora_rank: int
     arch: str = ""
     max_context: int = 0  # tokens a sample's prompt and reply may hold together (0: unknown, not checked)

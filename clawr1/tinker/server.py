@@ -17,6 +17,11 @@ All training work runs on ONE worker thread (the trainer is single-threaded), sa
 event loop only parses requests and keeps the books (which model is at which seq_id, which sampling session
 samples which weights), so it never blocks on the backend.
 
+The model's tokenizer files are served at `/hub` the way the Hugging Face Hub serves a repo's files, under the
+served model's name, so the SDK's `get_tokenizer()` (both clients call `AutoTokenizer.from_pretrained(name)`)
+loads them on any machine whose environment has `HF_ENDPOINT=<this server>/hub` (and, where the server wants
+a key, `HF_TOKEN=<the key>`): no Hub, no path on the server's disk.
+
 A session lives while its client heartbeats (the SDK sends one every 10 s). One silent for `session_ttl_s`
 (its process died without `ServiceClient.close()`, as the cookbook's loops end) is finished as Tinker finishes
 it: its training clients are released, so their slots train others, and its heartbeat is answered 410 (the
@@ -25,6 +30,7 @@ SDK's sign to stop). What it saved (states, sampler weights) stays loadable by p
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import logging
 import time
@@ -34,6 +40,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Iterator, Mapping, Optional, Union
 
 import numpy as np
@@ -55,6 +62,10 @@ PROTO = "application/x-protobuf"
 POLL_TIMEOUT_S = 20.0  # the client's retrieve_future HTTP timeout is 45 s
 KEEP_DELIVERED = 1024  # results kept after delivery, for a client that re-polls after a lost answer
 SAMPLE_WORKERS = 4
+HUB = "/hub"  # HF_ENDPOINT for the SDK's get_tokenizer()
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "config.json",
+                   "generation_config.json")  # what AutoTokenizer asks for; never weights
 SESSION_TTL_S = 45.0  # a session with no heartbeat for this long is finished (the SDK heartbeats every 10 s)
 CLIENT_CONFIG: dict[str, Any] = {
     "pjwt_auth_enabled": False,  # True would make the client exchange its key for a JWT first
@@ -469,7 +480,8 @@ class TinkerService:
         info, model = self.info, self._model(model_id)
         return {"type": "get_info", "model_id": model_id, "is_lora": True, "lora_rank": model.rank,
                 "model_name": info.model_name,
-                "model_data": {"arch": info.arch, "model_name": info.model_name, "tokenizer_id": info.tokenizer_id}}
+                # the SDK's get_tokenizer() loads it as a Hub repo: from this server's /hub with HF_ENDPOINT set
+                "model_data": {"arch": info.arch, "model_name": info.model_name, "tokenizer_id": info.model_name}}
 
     def forward_backward(self, body: bytes, content_encoding: str) -> dict:
         message = parse_forward_backward(body, content_encoding)
@@ -638,8 +650,18 @@ async def _json_object(request: Request) -> dict:
     return body
 
 
+def _tokenizer_file(info: ModelInfo, repo_id: str, filename: str) -> Optional[bytes]:
+    """The bytes of one of TOKENIZER_FILES of the served model (None: another repo, file, or none there)."""
+    path = Path(info.tokenizer_dir) / filename
+    if repo_id != info.model_name or filename not in TOKENIZER_FILES or not path.is_file():
+        return None
+    return path.read_bytes()
+
+
 def _key_matches(request: Request, api_key: str) -> bool:
-    return hmac.compare_digest(request.headers.get("x-api-key", "").encode(), api_key.encode())
+    """The SDK sends the key as X-API-Key; huggingface_hub (the tokenizer's files) sends HF_TOKEN as a bearer."""
+    sent = request.headers.get("x-api-key") or request.headers.get("authorization", "").removeprefix("Bearer ")
+    return hmac.compare_digest(sent.encode(), api_key.encode())
 
 
 def create_app(backend: TinkerBackend, api_key: Optional[str], *, client_config: Optional[Mapping[str, Any]] = None,
@@ -669,7 +691,8 @@ def create_app(backend: TinkerBackend, api_key: Optional[str], *, client_config:
     @app.middleware("http")
     async def require_api_key(request: Request, call_next: Callable) -> Response:
         if api_key and not _key_matches(request, api_key):
-            return JSONResponse({"error": "missing or wrong X-API-Key header"}, status_code=401)
+            return JSONResponse({"error": "missing or wrong X-API-Key header (or, for /hub, HF_TOKEN)"},
+                                status_code=401)
         return await call_next(request)
 
     @app.exception_handler(TinkerRequestError)
@@ -749,6 +772,17 @@ def create_app(backend: TinkerBackend, api_key: Optional[str], *, client_config:
             return removed
         await asyncio.to_thread(backend.delete_checkpoint, removed)
         return Response(status_code=204)
+
+    @app.api_route(HUB + "/{repo_id:path}/resolve/{revision}/{filename}", methods=["GET", "HEAD"])
+    async def tokenizer_file(repo_id: str, filename: str, request: Request) -> Response:
+        """A tokenizer file of the served model, with the headers huggingface_hub's download expects."""
+        body = _tokenizer_file(service.info, repo_id, filename)
+        if body is None:
+            return JSONResponse({"error": f"{repo_id}/{filename}: no such tokenizer file here"}, status_code=404,
+                                headers={"X-Error-Code": "EntryNotFound"})
+        headers = {"X-Repo-Commit": "0" * 40, "ETag": f'"{hashlib.sha256(body).hexdigest()}"',
+                   "Content-Length": str(len(body))}
+        return Response(b"" if request.method == "HEAD" else body, headers=headers)
 
     @app.get(f"{API}/healthz")
     async def healthz() -> dict:

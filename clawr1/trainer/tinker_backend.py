@@ -67,7 +67,7 @@ class MegatronTinkerBackend:
     # -- models
     def info(self) -> ModelInfo:
         return ModelInfo(model_name=self.cfg.tinker.model_name or self.model_path.name,
-                         tokenizer_id=str(self.model_path.resolve()), lora_rank=self.shape.rank,
+                         tokenizer_dir=str(self.model_path.resolve()), lora_rank=self.shape.rank,
                          arch=self.policy.arch.family, max_context=self.max_context)
 
     def create_model(self, model_id: str, base_model: str, rank: int, seed: Optional[int]) -> None:

@@ -48,7 +48,7 @@ class RecordingBackend:
         self.seeds: dict[str, Optional[int]] = {}
 
     def info(self) -> ModelInfo:
-        return ModelInfo(model_name=BASE_MODEL, tokenizer_id="test-tokenizer-dir", lora_rank=8, arch="test",
+        return ModelInfo(model_name=BASE_MODEL, tokenizer_dir="test-tokenizer-dir", lora_rank=8, arch="test",
                          max_context=MAX_CONTEXT)
 
     def create_model(self, model_id: str, base_model: str, rank: int, seed: Optional[int]) -> None:
@@ -172,7 +172,7 @@ def test_training_client_cross_entropy_and_optim_step(start, backend, caplog):
     training = client().create_lora_training_client(base_model=BASE_MODEL, rank=8).result()
     info = training.get_info()
     assert (info.model_data.model_name, info.model_data.tokenizer_id, info.lora_rank) == (
-        BASE_MODEL, "test-tokenizer-dir", 8)
+        BASE_MODEL, BASE_MODEL, 8)  # the tokenizer is the served model's, from this server's /hub
     assert backend.called("create_model") == [("create_model", training.model_id, 8)]
 
     data = [datum([1, 2, 3], target_tokens=[2, 3, 4], weights=[0.0, 1.0, 1.0]),

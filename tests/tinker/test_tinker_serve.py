@@ -135,3 +135,34 @@ def test_checkpoints_are_listed_deleted_and_what_the_server_saved_for_the_real_t
             sc.create_sampling_client(model_path=sampler).result(timeout=60)
     finally:
         sc.close("success").result(timeout=30)
+
+
+TOKENIZER_CLIENT = """
+import json, sys, tinker
+client = tinker.ServiceClient(base_url=sys.argv[1])
+training = client.create_lora_training_client(base_model=sys.argv[2], rank=8).result()
+sampling = client.create_sampling_client(base_model=sys.argv[2]).result()
+print(json.dumps([t.encode("Hello, tokenizer!") for t in (training.get_tokenizer(), sampling.get_tokenizer())]))
+client.close("success").result(timeout=30)
+"""
+
+
+def test_a_client_elsewhere_loads_the_tokenizer_from_the_server_with_no_hub(served, tiny_model, tmp_path):
+    """Both clients' get_tokenizer() on a machine with nothing of the model: an empty Hub cache of its own, no
+    network but the server, HF_ENDPOINT at the server's /hub and the key as HF_TOKEN."""
+    from transformers import AutoTokenizer
+
+    url, model_name, _ = served
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(SDK_ENV, TINKER_API_KEY=KEY, HF_ENDPOINT=f"{url}/hub", HF_TOKEN=KEY, HF_HOME=str(tmp_path / "hf"),
+               HF_HUB_DISABLE_TELEMETRY="1")
+    out = subprocess.run([sys.executable, "-c", TOKENIZER_CLIENT, url, model_name], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    expected = AutoTokenizer.from_pretrained(tiny_model).encode("Hello, tokenizer!")
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [expected, expected]
+    assert any((tmp_path / "hf").rglob("tokenizer.json"))  # fetched into the client's own cache
+    refused = subprocess.run([sys.executable, "-c", TOKENIZER_CLIENT, url, model_name], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=300,
+                             env={**env, "HF_TOKEN": "tml-wrong", "HF_HOME": str(tmp_path / "hf2")})
+    assert refused.returncode != 0  # the files need the key too
