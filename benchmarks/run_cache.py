@@ -23,9 +23,9 @@ from clawr1.config import load_config  # noqa: E402
 # the field's path in the config -> the default that reproduces the behaviour from before the field was added
 # serve.device: the embedded engine ran on the CPU only before the field existed
 # serve.sglang.device: auto is the GPU launch where there is a GPU, as before; without one SGLang could not run
-# tinker.session_ttl_s: only `clawr1 tinker-serve` reads it, which no benchmark run starts
+# tinker.session_ttl_s, lora.max_rank: only `clawr1 tinker-serve` reads them, which no benchmark run starts
 NEUTRAL_DEFAULTS = {("algo", "balance"): "none", ("serve", "device"): "cpu", ("serve", "sglang", "device"): "auto",
-                    ("tinker", "session_ttl_s"): 45.0}
+                    ("tinker", "session_ttl_s"): 45.0, ("lora", "max_rank"): 0}
 
 
 def settings_hash(recipe: Path, overrides: list[str]) -> str:

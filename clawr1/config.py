@@ -571,6 +571,14 @@ class LoraConfig(Section):
     slots: PositiveInt = Field(1, description="Adapters trained at once (per_user: the most users with an adapter of "
                                "their own).")
     init_seed: int = Field(0, description="The seed of every slot's initial A (B starts at zero).")
+    max_rank: NonNegativeInt = Field(0, description="`clawr1 tinker-serve`: the largest LoRA rank a training client "
+                                     "may ask for (the Tinker SDK's default is 32); each slot is built at this rank "
+                                     "and a client of rank r trains its first r components. 0: lora.rank.")
+
+    @property
+    def slot_rank(self) -> int:
+        """The rank each slot is built at: max_rank where set, else rank."""
+        return self.max_rank or self.rank
 
     @property
     def serves_adapters(self) -> bool:
@@ -770,8 +778,9 @@ class Config(Section):
             if self.serve.max_loras < 3 * self.lora.slots:
                 raise ValueError(f"serve.max_loras ({self.serve.max_loras}) must hold three versions of each of the "
                                  f"{self.lora.slots} adapters (lora.slots): the newest, the one before, the next")
-            if self.lora.rank > self.serve.max_lora_rank:
-                raise ValueError(f"lora.rank ({self.lora.rank}) exceeds serve.max_lora_rank ({self.serve.max_lora_rank})")
+            if self.lora.slot_rank > self.serve.max_lora_rank:
+                raise ValueError(f"lora.rank or lora.max_rank ({self.lora.slot_rank}) exceeds serve.max_lora_rank "
+                                 f"({self.serve.max_lora_rank})")
             if j.teacher == "lagged":
                 raise ValueError("judge.teacher=lagged refreshes a teacher engine with full weights; with lora.sync=adapter "
                                  "use judge.teacher=policy (the base, adapter off) or frozen")

@@ -115,9 +115,10 @@ class LoraAdapters(torch.nn.Module):
     def key(layer: int, target: str, slot: int) -> str:
         return f"{layer}_{target}_{slot}"
 
-    def reset_slot(self, slot: int, seed: Optional[int] = None) -> None:
+    def reset_slot(self, slot: int, seed: Optional[int] = None, rank: int = 0) -> None:
         """A slot back to a fresh adapter: A initialized from `seed` (None: the adapters' own), B = 0 (so it
-        changes nothing), no gradients."""
+        changes nothing), no gradients. With `rank` below the slot's, A's rows past it are zero: with B's
+        columns past it zero too, neither gets a gradient, so the adapter stays of that rank."""
         seed = self.seed if seed is None else seed
         with torch.no_grad():
             for layer in range(self.arch.num_layers):
@@ -126,6 +127,8 @@ class LoraAdapters(torch.nn.Module):
                     a_full = _initial_a(seed, layer, target, (self.shape.rank, full_shape(self.arch, target)[1]))
                     column = target in COLUMN_PARALLEL
                     self.a[key].copy_(a_full if column else a_full.chunk(self.tp, dim=1)[self.tp_rank])
+                    if rank:
+                        self.a[key][rank:].zero_()
                     self.b[key].zero_()
                     self.a[key].grad = self.b[key].grad = None
 

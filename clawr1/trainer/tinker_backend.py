@@ -54,9 +54,10 @@ class MegatronTinkerBackend:
         self.policy = build_policy(self.model_path)
         self.policy.model.requires_grad_(False)
         lc = cfg.lora
-        self.shape = LoraShape(rank=lc.rank, alpha=lc.alpha, targets=tuple(lc.targets), slots=lc.slots)
+        self.shape = LoraShape(rank=lc.slot_rank, alpha=lc.alpha, targets=tuple(lc.targets), slots=lc.slots)
         self.policy.lora = LoraAdapters(self.policy.model, self.policy.arch, self.shape, 1, 0, seed=lc.init_seed)
         self.slot_of: dict[str, int] = {}
+        self.ranks: dict[str, int] = {}  # each client's rank: the first components of its slot
         self.optimizers: dict[str, torch.optim.AdamW] = {}
         self.saves: dict[str, int] = {}
         self.engine = SyncEngineClient(engine_url)
@@ -74,20 +75,23 @@ class MegatronTinkerBackend:
         served = self.info().model_name
         if base_model not in (served, str(self.model_path)):
             raise TinkerRequestError(f"this server trains {served!r}, not {base_model!r}")
-        if rank != self.shape.rank:
-            raise TinkerRequestError(f"this server trains LoRA rank {self.shape.rank} adapters (lora.rank), not {rank}")
+        if not 1 <= rank <= self.shape.rank:
+            raise TinkerRequestError(f"LoRA rank {rank} is not served: this server trains ranks 1 to {self.shape.rank} "
+                                     f"(lora.max_rank)")
         free = sorted(set(range(self.shape.slots)) - set(self.slot_of.values()))
         if not free:
             raise TinkerRequestError(f"all {self.shape.slots} training slots are taken (lora.slots)")
         slot = free[0]
-        self.policy.lora.reset_slot(slot, seed)  # a slot a released client trained starts afresh
+        self.policy.lora.reset_slot(slot, seed, rank)  # a slot a released client trained starts afresh
         self.slot_of[model_id] = slot
+        self.ranks[model_id] = rank
         self.optimizers[model_id] = torch.optim.AdamW(self.policy.lora.slot_parameters(slot), lr=1e-4)
         log.info("training client %s: LoRA slot %d, rank %d", model_id, slot, rank)
 
     def release_model(self, model_id: str) -> None:
         slot = self.slot_of.pop(model_id, None)
         self.optimizers.pop(model_id, None)
+        self.ranks.pop(model_id, None)
         if slot is not None:
             log.info("training client %s released LoRA slot %d", model_id, slot)
 
@@ -194,8 +198,13 @@ class MegatronTinkerBackend:
         self.saves[model_id] = self.saves.get(model_id, 0) + 1
         name = name or f"step{self.saves[model_id]:06d}"
         directory = self._path("sampler_weights", model_id, name)
+        rank = self.ranks[model_id]
         tensors = peft_tensors([self.policy.lora.host_state(slot)], self.policy.arch, self.shape.targets)
-        write_peft_adapter(directory, tensors, peft_config(self.shape, str(self.model_path)))
+        tensors = {k: _first_components(k, v, rank) for k, v in tensors.items()}
+        # the same alpha / slot rank scaling at rank r: PEFT scales by lora_alpha / r
+        shape = LoraShape(rank=rank, alpha=self.shape.alpha * rank / self.shape.rank, targets=self.shape.targets,
+                          slots=1)
+        write_peft_adapter(directory, tensors, peft_config(shape, str(self.model_path)))
         self._load(self._tinker_path("sampler_weights", model_id, name), directory)
         return self._tinker_path("sampler_weights", model_id, name)
 
@@ -277,6 +286,13 @@ class MegatronTinkerBackend:
 
     def close(self) -> None:
         self.engine.close()
+
+
+def _first_components(name: str, tensor: torch.Tensor, rank: int) -> torch.Tensor:
+    """A PEFT tensor cut to its adapter's rank: lora_A's first rows, lora_B's first columns (the rest are zero)."""
+    if "lora_A" in name:
+        return tensor[:rank].contiguous()
+    return tensor[:, :rank].contiguous() if "lora_B" in name else tensor
 
 
 def engine_context_length(engine: SyncEngineClient) -> int:

@@ -166,3 +166,31 @@ def test_a_client_elsewhere_loads_the_tokenizer_from_the_server_with_no_hub(serv
                              capture_output=True, text=True, timeout=300,
                              env={**env, "HF_TOKEN": "tml-wrong", "HF_HOME": str(tmp_path / "hf2")})
     assert refused.returncode != 0  # the files need the key too
+
+
+def test_the_rank_the_client_asks_for_is_served_up_to_the_limit(served):
+    url, model_name, run_dir = served
+    sc = service(url)
+    try:
+        with pytest.raises(Exception, match=r"LoRA rank 33 is not served: this server trains ranks 1 to 32 "
+                                            r"\(lora.max_rank\)"):
+            sc.create_lora_training_client(base_model=model_name, rank=33).result()
+        for rank in (None, 4):  # the SDK's default (32), and a small one
+            trainer = (sc.create_lora_training_client(base_model=model_name) if rank is None else
+                       sc.create_lora_training_client(base_model=model_name, rank=rank)).result()
+            assert trainer.get_info().lora_rank == (rank or 32)
+            datum = types.Datum(model_input=types.ModelInput.from_ints([11, 12, 13]),
+                                loss_fn_inputs={"target_tokens": [12, 13, 14], "weights": [1.0, 1.0, 1.0]})
+            trainer.forward_backward([datum], "cross_entropy").result()
+            trainer.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+            name = f"rank{rank or 32}"
+            trainer.save_weights_for_sampler(name).result()
+            adapter = next(run_dir.joinpath("tinker", "sampler_weights").rglob(name))
+            config = json.loads((adapter / "adapter_config.json").read_text())
+            from safetensors.torch import load_file
+
+            tensors = load_file(str(adapter / "adapter_model.safetensors"))
+            assert config["r"] == (rank or 32) and config["lora_alpha"] == pytest.approx(16.0 * (rank or 32) / 32)
+            assert all(t.shape[0 if "lora_A" in k else 1] == (rank or 32) for k, t in tensors.items())
+    finally:
+        sc.close("success").result(timeout=30)
