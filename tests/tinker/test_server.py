@@ -241,12 +241,17 @@ def test_a_request_that_arrives_early_waits_for_its_turn(start, backend):
     assert [c[2] for c in backend.called("forward_backward")] == [[[1]], [[2]]]
 
 
-def test_sampling_clients(start, backend):
+def a_sampler(start) -> tuple:
+    """(service client, a training client, a sampling client of its weights, a 3-token prompt)."""
     _, client = start()
     service = client()
     training = service.create_lora_training_client(base_model=BASE_MODEL, rank=8).result()
-    sampling = training.save_weights_and_get_sampling_client().result()
-    prompt = types.ModelInput.from_ints([11, 12, 13])
+    return service, training, training.save_weights_and_get_sampling_client().result(), \
+        types.ModelInput.from_ints([11, 12, 13])
+
+
+def test_sampling_clients(start, backend):
+    service, training, sampling, prompt = a_sampler(start)
     result = sampling.sample(prompt, 2, types.SamplingParams(max_tokens=3, seed=5, stop=["\n"])).result()
     assert [s.tokens for s in result.sequences] == [[100, 101, 102], [101, 102, 103]]
     assert result.sequences[0].logprobs == [-0.5] * 3 and result.sequences[0].stop_reason == "length"
@@ -369,11 +374,7 @@ def test_a_client_that_dies_without_closing_frees_its_slot_within_the_ttl(start,
 
 # ---------------------------------------------------------------- a user's mistake, named
 def test_a_users_mistake_is_named_and_never_an_internal_error(start, backend):
-    _, client = start()
-    service = client()
-    training = service.create_lora_training_client(base_model=BASE_MODEL, rank=8).result()
-    sampling = training.save_weights_and_get_sampling_client().result()
-    prompt = types.ModelInput.from_ints([11, 12, 13])
+    service, training, sampling, prompt = a_sampler(start)
     mistakes = [
         (lambda: sampling.sample(prompt, 0, types.SamplingParams(max_tokens=3)), "num_samples must be at least 1"),
         (lambda: sampling.sample(prompt, 1, types.SamplingParams(max_tokens=MAX_CONTEXT)),
