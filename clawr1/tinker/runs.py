@@ -17,6 +17,10 @@ from clawr1.tinker.backend import TinkerRequestError
 KINDS = {"weights": "training", "sampler_weights": "sampler"}  # a tinker:// path's segment -> checkpoint_type
 
 
+class NotListed(LookupError):
+    """No such training run, or no such checkpoint of it (answered 404 with this message)."""
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat()
 
@@ -60,7 +64,7 @@ class RunBook:
         with self._lock:
             run = self._find(run_id)
             if checkpoint_id not in run.checkpoints:
-                raise LookupError(f"training run {run_id!r} has no checkpoint {checkpoint_id!r}")
+                raise NotListed(f"training run {run_id!r} has no checkpoint {checkpoint_id!r}")
             return run.checkpoints.pop(checkpoint_id)["tinker_path"]
 
     def run(self, run_id: str) -> dict[str, Any]:
@@ -87,7 +91,7 @@ class RunBook:
         for run in self._runs.values():
             if run_id in (run.model_id, run.model_id.replace(":", "_")):
                 return run
-        raise LookupError(f"no training run {run_id!r} on this server")
+        raise NotListed(f"no training run {run_id!r} on this server")
 
 
 def _as_json(run: Run) -> dict[str, Any]:

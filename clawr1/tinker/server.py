@@ -53,7 +53,7 @@ from tinker.proto.response_conv import _tensor_data_from_proto
 from clawr1.tinker.backend import (
     Datum, ForwardBackwardResult, ModelInfo, SampleResult, TinkerBackend, TinkerRequestError,
 )
-from clawr1.tinker.runs import RunBook
+from clawr1.tinker.runs import NotListed, RunBook
 
 log = logging.getLogger(__name__)
 
@@ -747,11 +747,9 @@ def create_app(backend: TinkerBackend, api_key: Optional[str], *, client_config:
     async def finish_session(session_id: str) -> None:
         service.finish_session(session_id)
 
-    def listed(lookup: Callable[[], Any]) -> Any:
-        try:
-            return lookup()
-        except LookupError as e:
-            return JSONResponse({"error": str(e)}, status_code=404)
+    @app.exception_handler(NotListed)
+    async def not_listed(_: Request, exc: NotListed) -> JSONResponse:
+        return JSONResponse({"error": str(exc)}, status_code=404)
 
     @app.get(f"{API}/training_runs")
     async def training_runs(offset: int = 0, limit: int = 20) -> Any:
@@ -759,18 +757,15 @@ def create_app(backend: TinkerBackend, api_key: Optional[str], *, client_config:
 
     @app.get(API + "/training_runs/{run_id}")
     async def training_run(run_id: str) -> Any:
-        return listed(lambda: service.book.run(run_id))
+        return service.book.run(run_id)
 
     @app.get(API + "/training_runs/{run_id}/checkpoints")
     async def checkpoints(run_id: str) -> Any:
-        return listed(lambda: service.book.checkpoints(run_id))
+        return service.book.checkpoints(run_id)
 
     @app.delete(API + "/training_runs/{run_id}/checkpoints/{checkpoint_id:path}")
-    async def delete_checkpoint(run_id: str, checkpoint_id: str) -> Any:
-        removed = listed(lambda: service.book.removed(run_id, checkpoint_id))
-        if isinstance(removed, JSONResponse):
-            return removed
-        await asyncio.to_thread(backend.delete_checkpoint, removed)
+    async def delete_checkpoint(run_id: str, checkpoint_id: str) -> Response:
+        await asyncio.to_thread(backend.delete_checkpoint, service.book.removed(run_id, checkpoint_id))
         return Response(status_code=204)
 
     @app.api_route(HUB + "/{repo_id:path}/resolve/{revision}/{filename}", methods=["GET", "HEAD"])

