@@ -686,7 +686,8 @@ class TinkerConfig(Section):
     host: str = Field("127.0.0.1", description="Where `clawr1 tinker-serve` listens.")
     port: NonNegativeInt = Field(0, description="Its port (0: a free one, printed at start).")
     model_name: str = Field("", description="The base model name clients name and `get_info` reports; empty: the "
-                            "model directory's name.")
+                            "model directory's name. tinker-cookbook's recipes need an `org/model` name in their "
+                            "tables whose chat format the model speaks (docs/tinker.md).")
     api_key_env: str = Field("TINKER_API_KEY", description="The environment variable holding the key: the one "
                              "`clawr1 tinker-serve` requires of clients (unset: any key is accepted), and the one "
                              "trainer.backend=tinker and serve.backend=tinker send. It is never logged or written.")
