@@ -239,6 +239,9 @@ class GatewayConfig(Section):
                                       "are closed.")
     max_session_tokens: PositiveInt = Field(20_000_000, description="Token ids held by all sessions together (memory "
                                             "pressure bound); beyond it the least recently used are closed.")
+    engine_wait_s: NonNegativeFloat = Field(30.0, description="How long a request that finds no engine reachable "
+                                            "(the run starting, an engine restarting) waits for one to come up "
+                                            "before it is answered 503; 0: refused at once.")
     max_request_bytes: PositiveInt = Field(1_000_000, description="Larger request bodies get a 413.")
     max_prompt_tokens: PositiveInt = Field(4096, description="Longer rendered conversations get a 400.")
     default_max_tokens: PositiveInt = Field(256, description="The reply's token limit when a request sets neither "

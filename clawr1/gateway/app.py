@@ -208,8 +208,12 @@ def create_app(gateway: Gateway, api_key: Optional[str] = None) -> ASGIApp:
         return JSONResponse(validation_error(exc.errors()), status_code=400)
 
     @app.get("/health")
-    async def health() -> dict:
-        return {"status": "ok", "engines_healthy": sum(gateway.router.healthy)}
+    async def health() -> JSONResponse:
+        """200 only while a request would be served: an engine has answered its last health check."""
+        healthy = sum(gateway.router.healthy)
+        if not healthy:
+            return JSONResponse({"status": "waiting for an engine", "engines_healthy": 0}, status_code=503)
+        return JSONResponse({"status": "ok", "engines_healthy": healthy})
 
     @app.get("/v1/models")
     @app.get("/s/{session_id}/v1/models")

@@ -4,18 +4,26 @@ Each session prefers the same engine (rendezvous hashing over the engine
 list, so adding or losing an engine moves only its own sessions). An engine
 that fails a request, or its health check, is skipped until it is healthy
 again; a request that failed before any output retries on the next engine.
+
+An engine counts as healthy only once its /health has answered. While an engine
+has never answered, or none is healthy, the router checks every PROBE_INTERVAL_S,
+so it learns of an engine as it comes up. A request that finds no engine
+reachable waits up to `engine_wait_s` for one to come up (the run starting, an
+engine restarting) before it is refused.
 """
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import logging
+import time
 from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
 from clawr1.engine_api.client import EngineClient, EngineUnavailable, EngineUnreachable
 
 log = logging.getLogger("clawr1.gateway")
 T = TypeVar("T")
+PROBE_INTERVAL_S = 0.1  # health checks while an engine is starting, or none is up
 
 
 class NoEngineError(RuntimeError):
@@ -23,13 +31,20 @@ class NoEngineError(RuntimeError):
 
 
 class EngineRouter:
-    def __init__(self, urls: list[str], health_interval_s: float = 2.0):
+    def __init__(self, urls: list[str], health_interval_s: float = 2.0, engine_wait_s: float = 30.0):
         if not urls:
             raise ValueError("the gateway needs at least one engine URL")
         self.engines = [EngineClient(u) for u in urls]
-        self.healthy = [True] * len(urls)
+        self.healthy = [False] * len(urls)  # until its health check or a request answers
         self.seen_up = [False] * len(urls)  # no failover warning for an engine that is still starting
         self.health_interval_s = health_interval_s
+        self.engine_wait_s = engine_wait_s
+        self._some_up = asyncio.Event()  # set while any engine is healthy
+
+    @property
+    def ready(self) -> bool:
+        """Whether a request would be sent to an engine that answered its last check."""
+        return any(self.healthy)
 
     def order(self, key: str) -> list[int]:
         """Engines for this key, preferred first: healthy ones by rendezvous hash, then the unhealthy ones."""
@@ -40,47 +55,79 @@ class EngineRouter:
         return [i for i in ranked if self.healthy[i]] + [i for i in ranked if not self.healthy[i]]
 
     async def call(self, key: str, fn: Callable[[EngineClient], Awaitable[T]]) -> T:
-        """Run `fn` on the key's engine, failing over to the next one on connection errors."""
-        errors = []
-        for i in self.order(key):
-            try:
-                return await fn(self.engines[i])
-            except (EngineUnreachable, EngineUnavailable) as e:
-                self.mark(i, False)
-                errors.append(f"{self.engines[i].url}: {type(e).__name__}")
-        raise NoEngineError("no engine reachable (" + "; ".join(errors) + ")")
+        """Run `fn` on the key's engine, failing over to the next one on connection errors; with none reachable,
+        wait for one (up to engine_wait_s) and try again."""
+        deadline = time.monotonic() + self.engine_wait_s
+        while True:
+            errors = []
+            for i in self.order(key):
+                try:
+                    result = await fn(self.engines[i])
+                except (EngineUnreachable, EngineUnavailable) as e:
+                    self.mark(i, False)
+                    errors.append(f"{self.engines[i].url}: {type(e).__name__}")
+                    continue
+                self.mark(i, True)
+                return result
+            if not await self._wait_for_an_engine(deadline):
+                raise self._none_reachable(errors)
+
+    async def _wait_for_an_engine(self, deadline: float) -> bool:
+        """Wait until an engine's health check answers; False if the deadline passed first."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        try:
+            await asyncio.wait_for(self._some_up.wait(), left)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    def _none_reachable(self, errors: list[str]) -> NoEngineError:
+        return NoEngineError(f"no engine reachable within {self.engine_wait_s:g} s (gateway.engine_wait_s): "
+                             + "; ".join(errors))
 
     def mark(self, i: int, ok: bool) -> None:
         self.seen_up[i] = self.seen_up[i] or ok
         if self.healthy[i] != ok and self.seen_up[i]:
             log.warning("engine %s is %s", self.engines[i].url, "back" if ok else "unreachable; failing over")
         self.healthy[i] = ok
+        if self.ready:
+            self._some_up.set()
+        else:
+            self._some_up.clear()
 
     async def watch_health(self) -> None:
         while True:
             results = await asyncio.gather(*(e.health() for e in self.engines))
             for i, ok in enumerate(results):
                 self.mark(i, ok)
-            await asyncio.sleep(self.health_interval_s)
+            starting = not (all(self.seen_up) and self.ready)
+            await asyncio.sleep(PROBE_INTERVAL_S if starting else self.health_interval_s)
 
     async def stream(self, key: str, open_stream: Callable[[EngineClient], AsyncIterator[T]]) -> AsyncIterator[T]:
-        """Stream from the key's engine; fail over only while nothing has been received yet."""
-        errors = []
-        for i in self.order(key):
-            it = open_stream(self.engines[i]).__aiter__()
-            try:
-                first = await it.__anext__()
-            except StopAsyncIteration:
+        """Stream from the key's engine; fail over (or wait for an engine, as `call` does) only while nothing has
+        been received yet."""
+        deadline = time.monotonic() + self.engine_wait_s
+        while True:
+            errors = []
+            for i in self.order(key):
+                it = open_stream(self.engines[i]).__aiter__()
+                try:
+                    first = await it.__anext__()
+                except StopAsyncIteration:
+                    return
+                except (EngineUnreachable, EngineUnavailable) as e:
+                    self.mark(i, False)
+                    errors.append(f"{self.engines[i].url}: {type(e).__name__}")
+                    continue
+                self.mark(i, True)
+                yield first
+                async for item in it:
+                    yield item
                 return
-            except (EngineUnreachable, EngineUnavailable) as e:
-                self.mark(i, False)
-                errors.append(f"{self.engines[i].url}: {type(e).__name__}")
-                continue
-            yield first
-            async for item in it:
-                yield item
-            return
-        raise NoEngineError("no engine reachable (" + "; ".join(errors) + ")")
+            if not await self._wait_for_an_engine(deadline):
+                raise self._none_reachable(errors)
 
     async def close(self) -> None:
         for e in self.engines:

@@ -134,7 +134,7 @@ class Gateway:
         self.parses_reasoning = "<think>" in tokenizer.get_vocab() if think == "auto" else think == "think"
         self.token_text = TokenText(tokenizer)
         self.tokenizer = tokenizer
-        self.router = EngineRouter(cfg.engine_urls)
+        self.router = EngineRouter(cfg.engine_urls, engine_wait_s=self.cfg.engine_wait_s)
         self.adapters = AdapterRouting(cfg)
         self.publish_addr = cfg.publish_addr
         self.sessions = SessionStore(self.renderer, self.cfg.max_sessions, self.cfg.session_ttl_s,
