@@ -87,3 +87,31 @@ def test_the_checks_catch_an_unnamed_module_and_a_missing_test(tmp_path):
     assert unnamed_modules(repo, complete) == ["envs/toy/grader.py"]
     wrong = complete + " `tests/test_bus.py::test_gone` `tests/test_nowhere.py::test_x`"
     assert missing_citations(repo, wrong) == ["tests/test_bus.py::test_gone", "tests/test_nowhere.py::test_x"]
+
+
+def map_header(map_text: str) -> list[str]:
+    """The wire headers the map's wire section names (`the header `clawr1/N``)."""
+    return re.findall(r"the header `([^`]+)`", map_text)
+
+
+def map_recipe_folders(map_text: str) -> list[str]:
+    """The folders the map's `recipes/` row lists."""
+    row = re.search(r"^\| `recipes/` \| one folder per objective or task \(([^)]*)\)", map_text, re.MULTILINE)
+    return re.findall(r"`([\w-]+)`", row.group(1)) if row else []
+
+
+def test_the_wire_header_in_the_map_is_the_protocols():
+    from clawr1 import protocol
+
+    assert map_header(MAP.read_text()) == [protocol.header().decode()]
+
+
+def test_the_recipe_folders_in_the_map_are_those_under_recipes():
+    on_disk = sorted(p.name for p in (REPO / "recipes").iterdir() if p.is_dir() and not p.name.startswith("."))
+    assert sorted(map_recipe_folders(MAP.read_text())) == on_disk
+
+
+def test_the_header_and_recipe_checks_read_what_the_map_says():
+    text = "the header `clawr1/3` and ...\n| `recipes/` | one folder per objective or task (`opd`, `gui`): configs |\n"
+    assert map_header(text) == ["clawr1/3"] and map_recipe_folders(text) == ["opd", "gui"]
+    assert map_recipe_folders("| `recipes/` | configs |") == []

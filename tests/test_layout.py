@@ -16,7 +16,7 @@ from tests.conftest import REPO
 LOOPS = ("gateway", "serving", "rollout", "judge", "pool", "trainer")
 GROUND_FLOOR = ("protocol", "bus", "config", "chat", "engine_api", "runtime", "tracking", "algo", "model_path",
                 "environment", "record_log", "chat_client", "tinymodel", "tokenizer_packages", "model_import",
-                "model_dir", "cpu_dtype")
+                "model_dir", "cpu_dtype", "tinker")  # tinker: Tinker's API served (clawr1 tinker-serve), no loop's code
 WITHOUT_CYCLES = ("clawr1", "envs", "benchmarks")
 
 
@@ -92,6 +92,11 @@ def files_of(part: str) -> list[Path]:
 def test_the_ground_floor_and_the_loops_all_exist():
     for part in LOOPS + GROUND_FLOOR:
         assert all(p.exists() for p in files_of(part)) and files_of(part), part
+
+
+def test_every_package_of_clawr1_is_a_loop_or_on_the_ground_floor():
+    packages = sorted(p.name for p in (REPO / "clawr1").iterdir() if (p / "__init__.py").is_file())
+    assert [p for p in packages if p not in LOOPS + GROUND_FLOOR] == []
 
 
 def test_no_loop_imports_another_loop():
