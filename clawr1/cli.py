@@ -126,9 +126,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {png} and {md}")
             return 0
         if args.command == "tinker-serve":
-            from clawr1.trainer.tinker_main import main as tinker_main
+            from clawr1.trainer.tinker_serve_main import main as tinker_serve_main
 
-            return tinker_main(args.recipe, args.overrides)
+            return tinker_serve_main(args.recipe, args.overrides)
         if args.command == "config-docs":
             from clawr1.config_reference import render_config_reference
 

@@ -16,7 +16,7 @@ from tests.conftest import REPO
 LOOPS = ("gateway", "serving", "rollout", "judge", "pool", "trainer")
 GROUND_FLOOR = ("protocol", "bus", "config", "chat", "engine_api", "runtime", "tracking", "algo", "model_path",
                 "environment", "record_log", "chat_client", "tinymodel", "tokenizer_packages", "model_import",
-                "model_dir", "cpu_dtype", "tinker")  # tinker: Tinker's API served (clawr1 tinker-serve), no loop's code
+                "model_dir", "cpu_dtype", "tinker_serve")  # tinker_serve: Tinker's API served (clawr1 tinker-serve), no loop's code
 WITHOUT_CYCLES = ("clawr1", "envs", "benchmarks")
 
 
@@ -169,3 +169,25 @@ def test_the_slow_first_order_names_modules_that_exist():
 
     assert len(set(SLOW_FIRST)) == len(SLOW_FIRST)
     assert [m for m in SLOW_FIRST if not (REPO / m).is_file()] == []
+
+
+def private_imports(paths: list[Path], root: Path = REPO, packages: tuple[str, ...] = WITHOUT_CYCLES) -> list[str]:
+    """`from <one of packages>... import _name`: a name another module keeps private."""
+    found = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in packages:
+                found += [f"{path.relative_to(root)} imports {node.module}.{a.name}" for a in node.names
+                          if a.name.startswith("_")]
+    return found
+
+
+def test_no_module_imports_a_private_name_of_another():
+    paths = [p for package in WITHOUT_CYCLES for p in sorted((REPO / package).rglob("*.py"))]
+    assert private_imports(paths) == [], "a name used by another module is public (no leading underscore)"
+
+
+def test_the_private_import_check_finds_one(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("from clawr1.trainer.step import _x, flat_field\nfrom os import _exit\n")
+    assert private_imports([probe], tmp_path) == ["probe.py imports clawr1.trainer.step._x"]

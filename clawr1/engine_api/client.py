@@ -236,7 +236,7 @@ MODEL_INFO, OLD_MODEL_INFO = "/model_info", "/get_model_info"
 SERVER_INFO_PATHS = ("/server_info", "/get_server_info")
 SESSION_SINCE = (0, 5, 21)  # the first SGLang release with /begin_weight_update and flush-while-retracted
 EMBEDDED_ENGINE = "clawr1-embedded"  # what our embedded engine's /server_info reports as "engine"
-TINKER_ENGINE = "clawr1-tinker"  # serve.backend=tinker (clawr1/serving/tinker_engine.py): no scheduler to pause
+TINKER_ENGINE = "clawr1-tinker"  # serve.backend=tinker (clawr1/serving/tinker_client_engine.py): no scheduler to pause
 
 
 def _model_info_paths(known: Optional[str]) -> tuple[str, ...]:

@@ -64,28 +64,27 @@ class EngineRouter:
                 try:
                     result = await fn(self.engines[i])
                 except (EngineUnreachable, EngineUnavailable) as e:
-                    self.mark(i, False)
-                    errors.append(f"{self.engines[i].url}: {type(e).__name__}")
+                    errors.append(self._failed(i, e))
                     continue
                 self.mark(i, True)
                 return result
-            if not await self._wait_for_an_engine(deadline):
-                raise self._none_reachable(errors)
+            await self._wait_for_an_engine(deadline, errors)
 
-    async def _wait_for_an_engine(self, deadline: float) -> bool:
-        """Wait until an engine's health check answers; False if the deadline passed first."""
+    def _failed(self, i: int, error: Exception) -> str:
+        """Mark engine i down; what to say about it if every engine fails."""
+        self.mark(i, False)
+        return f"{self.engines[i].url}: {type(error).__name__}"
+
+    async def _wait_for_an_engine(self, deadline: float, errors: list[str]) -> None:
+        """Return once an engine's health check answers; NoEngineError naming `errors` if the deadline passes."""
         left = deadline - time.monotonic()
-        if left <= 0:
-            return False
         try:
+            if left <= 0:
+                raise asyncio.TimeoutError
             await asyncio.wait_for(self._some_up.wait(), left)
-            return True
         except asyncio.TimeoutError:
-            return False
-
-    def _none_reachable(self, errors: list[str]) -> NoEngineError:
-        return NoEngineError(f"no engine reachable within {self.engine_wait_s:g} s (gateway.engine_wait_s): "
-                             + "; ".join(errors))
+            raise NoEngineError(f"no engine reachable within {self.engine_wait_s:g} s (gateway.engine_wait_s): "
+                                + "; ".join(errors)) from None
 
     def mark(self, i: int, ok: bool) -> None:
         self.seen_up[i] = self.seen_up[i] or ok
@@ -118,16 +117,14 @@ class EngineRouter:
                 except StopAsyncIteration:
                     return
                 except (EngineUnreachable, EngineUnavailable) as e:
-                    self.mark(i, False)
-                    errors.append(f"{self.engines[i].url}: {type(e).__name__}")
+                    errors.append(self._failed(i, e))
                     continue
                 self.mark(i, True)
                 yield first
                 async for item in it:
                     yield item
                 return
-            if not await self._wait_for_an_engine(deadline):
-                raise self._none_reachable(errors)
+            await self._wait_for_an_engine(deadline, errors)
 
     async def close(self) -> None:
         for e in self.engines:

@@ -77,7 +77,7 @@ def engine_dtype(cfg: Config) -> str:
 def main(cfg: Config) -> int:
     setup_logging("serve")
     if cfg.serve.backend == "tinker":  # before the weights are looked for: a Tinker run's model.path needs none
-        from clawr1.serving.tinker_engine import serve_tinker
+        from clawr1.serving.tinker_client_engine import serve_tinker
 
         return serve_tinker(cfg)
     path = resolve_model_path(cfg.model)

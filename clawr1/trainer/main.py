@@ -251,7 +251,7 @@ def main(cfg: Config) -> int:
     setup_logging("trainer")
     stop = stop_event()
     if cfg.trainer.backend == "tinker":  # every step through Tinker's API: no model, no torch.distributed here
-        from clawr1.trainer.tinker_trainer import main as train_through_tinker
+        from clawr1.trainer.tinker_client_trainer import main as train_through_tinker
 
         return train_through_tinker(cfg, stop)
     torch.set_num_threads(cfg.trainer.num_threads)

@@ -1,4 +1,4 @@
-"""What both trainers (Megatron's, clawr1/trainer/main.py, and Tinker's, clawr1/trainer/tinker_trainer.py) ask
+"""What both trainers (Megatron's, clawr1/trainer/main.py, and Tinker's, clawr1/trainer/tinker_client_trainer.py) ask
 of the pool: the next batch, and the commit once a checkpoint holds it; and the progress line they print."""
 from __future__ import annotations
 

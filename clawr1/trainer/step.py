@@ -151,15 +151,16 @@ def _opd_against_rollout(taught: list[Sample], center: bool, clip: float, opd_ba
     log-probs (opd_baseline=teacher: the unhinted teacher's), each token's sample index, and whether the loss
     trains the token."""
     index = torch.tensor([i for i, s in enumerate(taught) for _ in range(s.response_len)], dtype=torch.long)
-    trained = _flat(taught, "loss_mask").bool()
+    trained = flat_field(taught, "loss_mask").bool()
     against = "teacher_unhinted_logprobs" if opd_baseline == "teacher" else "rollout_logprobs"
-    teacher, baseline = (_flat(taught, field, dtype=dtype) for field in ("teacher_logprobs", against))
+    teacher, baseline = (flat_field(taught, field, dtype=dtype) for field in ("teacher_logprobs", against))
     gap = shaped_opd_advantages(teacher, baseline, torch.ones_like(trained), trained, index, center, clip)
     return gap, index, trained
 
 
 # ---------------------------------------------------------------- one micro-batch
-def _flat(samples: list[Sample], field: str, fill: float = 0.0, dtype: torch.dtype = torch.float32) -> Tensor:
+def flat_field(samples: list[Sample], field: str, fill: float = 0.0, dtype: torch.dtype = torch.float32) -> Tensor:
+    """One per-token field of every sample, end to end (`fill` for each token of a sample that lacks it)."""
     values: list[float] = []
     for s in samples:
         v = getattr(s, field)
@@ -280,9 +281,9 @@ def token_advantages(samples: list[Sample], plan: BatchPlan, algo: AlgoConfig, s
     has_reward = torch.tensor([s.sample_id in plan.rl_advantage for s in samples], device=dev)
     sample_adv = torch.tensor([plan.rl_advantage.get(s.sample_id, 0.0) for s in samples], device=dev)
     has_teacher = torch.tensor([has_opd_signal(s, algo.opd_baseline) for s in samples], device=dev)[sample_index]
-    baseline = _flat(samples, "teacher_unhinted_logprobs").to(dev) if algo.opd_baseline == "teacher" else student
+    baseline = flat_field(samples, "teacher_unhinted_logprobs").to(dev) if algo.opd_baseline == "teacher" else student
     a_rl = rl_token_advantages(sample_adv, has_reward, sample_index)
-    a_opd = shaped_opd_advantages(_flat(samples, "teacher_logprobs").to(dev), baseline, has_teacher, loss_mask,
+    a_opd = shaped_opd_advantages(flat_field(samples, "teacher_logprobs").to(dev), baseline, has_teacher, loss_mask,
                                   sample_index, algo.opd_center == "sample", algo.opd_clip)
     weights = (algo.w_rl * plan.rl_scale, algo.w_opd * plan.opd_weight * plan.opd_scale)
     return a_rl, a_opd, combined_token_advantages(a_rl, a_opd, *weights)
@@ -300,8 +301,8 @@ def micro_batch_loss(policy: Policy, samples: list[Sample], plan: BatchPlan, alg
     if old is not None:
         old_lp = torch.cat([old.at_sample[s.sample_id] for s in samples]).to(dev)
         opd_base = torch.cat([old.at_teacher[s.sample_id] for s in samples]).to(dev)
-    mask = _flat(samples, "loss_mask").to(dev)
-    rollout = _flat(samples, "rollout_logprobs").to(dev)
+    mask = flat_field(samples, "loss_mask").to(dev)
+    rollout = flat_field(samples, "rollout_logprobs").to(dev)
     has_reward = torch.tensor([s.sample_id in plan.rl_advantage for s in samples], device=dev)
     has_teacher = torch.tensor([has_opd_signal(s, algo.opd_baseline) for s in samples], device=dev)[idx]
     a_rl, a_opd, adv = token_advantages(samples, plan, algo, opd_base, idx, mask)

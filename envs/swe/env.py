@@ -31,7 +31,7 @@ from envs.agentic.sandbox import WORKSPACE, Sandbox, SandboxError
 from envs.swe.grading import agent_diff, grade_patch
 from envs.swe.tasks import BUNDLED_TASKS, SweTask, TaskFormatError, load_tasks, prepared_repo
 from envs.swe.text_mode import SUBMIT_COMMAND, TEXT_SYSTEM_PROMPT, run_text_episode, text_turn
-from envs.terminal.env import (BadCall, TerminalEnv, TerminalEnvConfig, TerminalWorld, _is_text, decode_arguments,
+from envs.terminal.env import (BadCall, TerminalEnv, TerminalEnvConfig, TerminalWorld, is_text, decode_arguments,
                                workspace_relative)
 
 GOLD_PATCH_END = "CLAWR1_GOLD_PATCH_END"
@@ -87,7 +87,7 @@ def parse_arguments(name: str, arguments: str) -> dict[str, Any]:
         kind = schema["properties"][key]["type"]
         if not isinstance(value, PYTHON_TYPES[kind]) or isinstance(value, bool):
             raise BadCall(f"{name}: argument {key} must be {'a string' if kind == 'string' else 'an integer'}")
-        if kind == "string" and not _is_text(value, allow_nul=key in ("content", "old_str", "new_str")):
+        if kind == "string" and not is_text(value, allow_nul=key in ("content", "old_str", "new_str")):
             raise BadCall(f"{name}: argument {key} must be UTF-8 text without NUL characters")
     return args
 

@@ -165,13 +165,13 @@ def parse_arguments(name: str, arguments: str) -> dict[str, str]:
     wrong = [key for key in expected if not isinstance(args[key], str)]
     if wrong:
         raise BadCall(f"{name}: argument(s) {', '.join(wrong)} must be strings")
-    unusable = [key for key in expected if not _is_text(args[key], allow_nul=key == "content")]
+    unusable = [key for key in expected if not is_text(args[key], allow_nul=key == "content")]
     if unusable:
         raise BadCall(f"{name}: argument(s) {', '.join(unusable)} must be UTF-8 text without NUL characters")
     return args
 
 
-def _is_text(value: str, allow_nul: bool) -> bool:
+def is_text(value: str, allow_nul: bool) -> bool:
     """Whether `value` can become a command line or a file (JSON may carry lone surrogates and NULs)."""
     try:
         value.encode()

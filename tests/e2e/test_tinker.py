@@ -20,7 +20,7 @@ from tests.conftest import REPO
 from tests.e2e.test_live import LiveRun, client
 from tests.e2e.test_lora_users import teacher_against_base_with_hint
 from tests.e2e.test_run import trainer_records
-from tests.tinker_serve import tinker_serve
+from tests.tinker_serve_process import tinker_serve
 
 tinker = pytest.importorskip("tinker", reason="needs the Tinker SDK (the `tinker` extra: scripts/setup.sh installs it)")
 from tinker import types  # noqa: E402

@@ -9,14 +9,14 @@ import pytest
 from clawr1.config import AlgoConfig
 from clawr1.protocol import Sample
 from clawr1.trainer.step import plan_batch
-from clawr1.trainer.tinker_plan import planned_datums, ppo_loss_config
+from clawr1.trainer.tinker_client_plan import planned_datums, ppo_loss_config
 
 tinker = pytest.importorskip("tinker", reason="needs the Tinker SDK (the `tinker` extra: scripts/setup.sh installs it)")
 from tinker.proto import request_conv, tinker_public_pb2 as pb  # noqa: E402
 from tinker.types import ForwardBackwardInput  # noqa: E402
 from tinker.types.forward_backward_request import ForwardBackwardRequest  # noqa: E402
 
-from clawr1.trainer.tinker_trainer import sdk_datum  # noqa: E402
+from clawr1.trainer.tinker_client_trainer import sdk_datum  # noqa: E402
 
 
 def batch() -> list[Sample]:

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from clawr1.algo.tinker_losses import LossInputError, check_loss_call, tinker_loss
+from clawr1.algo.tinker_serve_losses import LossInputError, check_loss_call, tinker_loss
 
 TOL = 1e-12
 LOGP = [-0.5, -1.0, -2.0, -0.1]

@@ -4,7 +4,7 @@
     a LoRA training client of tinker.base_model, rank tinker.lora_rank (or, to resume, the newest save_state)
     save sampler weights; the engines (serve.backend=tinker) switch to them as version = steps taken
     repeat until run.max_steps (0: until stopped):
-        the next batch from the pool, planned as the Megatron trainer plans it (clawr1/trainer/tinker_plan.py)
+        the next batch from the pool, planned as the Megatron trainer plans it (clawr1/trainer/tinker_client_plan.py)
         forward_backward(datums, tinker.loss_fn) -> optim_step(AdamParams) -> save_weights_for_sampler
         the engines switch to the new sampler; WeightsPublished tells every loop
         every trainer.checkpoint_every steps: save_state, its path kept in RUN_DIR/checkpoints/tinker.json, then
@@ -30,7 +30,7 @@ from clawr1.trainer.optim import lr_factor
 from clawr1.trainer.pool_client import commit_batch, progress_line, wait_for_batch
 from clawr1.trainer.publish import WeightPublisher
 from clawr1.trainer.step import plan_batch
-from clawr1.trainer.tinker_plan import PlannedDatum, planned_datums, ppo_loss_config
+from clawr1.trainer.tinker_client_plan import PlannedDatum, planned_datums, ppo_loss_config
 
 log = logging.getLogger("clawr1.trainer")
 

@@ -50,10 +50,10 @@ from fastapi.responses import JSONResponse, Response
 from tinker.proto import tinker_public_pb2 as pb
 from tinker.proto.response_conv import _tensor_data_from_proto
 
-from clawr1.tinker.backend import (
+from clawr1.tinker_serve.backend import (
     Datum, ForwardBackwardResult, ModelInfo, SampleResult, TinkerBackend, TinkerRequestError,
 )
-from clawr1.tinker.runs import NotListed, RunBook
+from clawr1.tinker_serve.runs import NotListed, RunBook
 
 log = logging.getLogger(__name__)
 

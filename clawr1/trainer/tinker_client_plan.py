@@ -24,7 +24,7 @@ import torch
 from clawr1.config import AlgoConfig
 from clawr1.protocol import Sample
 from clawr1.algo.losses import aggregation_weights
-from clawr1.trainer.step import BatchPlan, Totals, _flat, token_advantages
+from clawr1.trainer.step import BatchPlan, Totals, flat_field, token_advantages
 
 
 @dataclass
@@ -50,8 +50,8 @@ class PlannedAdvantages:
 def planned_advantages(plan: BatchPlan, algo: AlgoConfig) -> PlannedAdvantages:
     samples = plan.samples
     index = torch.tensor([i for i, s in enumerate(samples) for _ in range(s.response_len)], dtype=torch.long)
-    mask = _flat(samples, "loss_mask")
-    rollout = _flat(samples, "rollout_logprobs")
+    mask = flat_field(samples, "loss_mask")
+    rollout = flat_field(samples, "rollout_logprobs")
     a_rl, a_opd, combined = token_advantages(samples, plan, algo, rollout, index, mask)
     total_tokens, total_samples = Totals.of(samples).per_token(samples, index)
     tokens_per_sample = torch.tensor([float(sum(s.loss_mask)) for s in samples])

@@ -1,8 +1,8 @@
-"""clawr1/tinker/server.py driven by the real, unchanged Tinker SDK over loopback HTTP.
+"""clawr1/tinker_serve/server.py driven by the real, unchanged Tinker SDK over loopback HTTP.
 
 `RecordingBackend` is a test double that stands in for the trainer only to test the wire layer: it implements
 the TinkerBackend contract deterministically (log-prob of target token i is -0.1 * (i + 1); the loss is the
-documented formula, clawr1.algo.tinker_losses; sampling returns fixed tokens) and records what it was asked.
+documented formula, clawr1.algo.tinker_serve_losses; sampling returns fixed tokens) and records what it was asked.
 """
 from __future__ import annotations
 
@@ -24,11 +24,11 @@ tinker = pytest.importorskip("tinker", reason="needs the Tinker SDK (the `tinker
 from tinker import types  # noqa: E402
 from tinker.proto.request_conv import forward_backward_request_to_proto  # noqa: E402
 
-from clawr1.algo.tinker_losses import LossInputError, tinker_loss  # noqa: E402
-from clawr1.tinker.backend import (  # noqa: E402
+from clawr1.algo.tinker_serve_losses import LossInputError, tinker_loss  # noqa: E402
+from clawr1.tinker_serve.backend import (  # noqa: E402
     Datum, ForwardBackwardResult, ModelInfo, SampledSequence, SampleResult, TinkerRequestError,
 )
-from clawr1.tinker.server import create_app  # noqa: E402
+from clawr1.tinker_serve.server import create_app  # noqa: E402
 
 API_KEY = "tml-test-9f3c2a71e5"
 BASE_MODEL = "test/base-model"
@@ -187,7 +187,7 @@ def test_training_client_cross_entropy_and_optim_step(start, backend, caplog):
     assert backend.calls[1:] == [
         ("forward_backward", training.model_id, [[1, 2, 3], [5, 6]], "cross_entropy", False),
         ("optim_step", training.model_id, 1e-3, 0.9, 0.95, 1e-12, 0.0, 1.0)]
-    assert {"clawr1.tinker.server", "uvicorn.access"} <= {r.name for r in caplog.records}
+    assert {"clawr1.tinker_serve.server", "uvicorn.access"} <= {r.name for r in caplog.records}
     assert API_KEY not in caplog.text
 
 

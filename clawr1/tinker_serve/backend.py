@@ -1,7 +1,7 @@
 """What `clawr1 tinker-serve` asks of the machine behind the Tinker API (the contract between its two halves).
 
-`clawr1/tinker/server.py` speaks Tinker's wire protocol (sessions, futures, protobuf) and calls a
-`TinkerBackend`; `clawr1/trainer/tinker_backend.py` implements it on clawr1's Megatron trainer (LoRA
+`clawr1/tinker_serve/server.py` speaks Tinker's wire protocol (sessions, futures, protobuf) and calls a
+`TinkerBackend`; `clawr1/trainer/tinker_serve_backend.py` implements it on clawr1's Megatron trainer (LoRA
 adapters, one slot per training client) and its engine (sampling with the adapter last saved for it).
 Every method blocks; the server runs training calls of one model in their `seq_id` order, one at a time.
 """

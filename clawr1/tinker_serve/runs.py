@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Optional
 
-from clawr1.tinker.backend import TinkerRequestError
+from clawr1.tinker_serve.backend import TinkerRequestError
 
 KINDS = {"weights": "training", "sampler_weights": "sampler"}  # a tinker:// path's segment -> checkpoint_type
 

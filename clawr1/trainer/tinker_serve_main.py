@@ -1,7 +1,7 @@
 """`clawr1 tinker-serve RECIPE [overrides]`: Tinker's API on this machine's engine and Megatron trainer.
 
 Starts the recipe's engine (`clawr1 serve`, LoRA adapters on), builds the trainer side
-(`MegatronTinkerBackend`), and serves Tinker's API (`clawr1/tinker/server.py`) until Ctrl-C. Point unchanged
+(`MegatronTinkerBackend`), and serves Tinker's API (`clawr1/tinker_serve/server.py`) until Ctrl-C. Point unchanged
 Tinker SDK code at it: `tinker.ServiceClient(base_url="http://HOST:PORT")`. The key clients must send is read
 from `tinker.api_key_env` (TINKER_API_KEY) when that is set, and is never logged or written.
 """
@@ -30,8 +30,8 @@ def serve(cfg: Config) -> int:
     """Run the engine and the API until interrupted; the engine is stopped whatever happens."""
     import uvicorn
 
-    from clawr1.tinker.server import create_app
-    from clawr1.trainer.tinker_backend import MegatronTinkerBackend
+    from clawr1.tinker_serve.server import create_app
+    from clawr1.trainer.tinker_serve_backend import MegatronTinkerBackend
 
     setup_logging("tinker")
     engine = start_process([sys.executable, "-m", "clawr1.cli", "serve", "--config", str(cfg.run_dir / "config.yaml")],

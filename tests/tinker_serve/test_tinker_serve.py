@@ -14,7 +14,7 @@ import torch
 
 from tests.conftest import REPO
 from tests.numerics import assert_close, forward_depth, logit_magnitude
-from tests.tinker_serve import tinker_serve
+from tests.tinker_serve_process import tinker_serve
 
 tinker = pytest.importorskip("tinker", reason="needs the Tinker SDK (the `tinker` extra: scripts/setup.sh installs it)")
 from tinker import types  # noqa: E402

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.tinker_serve import tinker_serve
+from tests.tinker_serve_process import tinker_serve
 
 pytestmark = pytest.mark.slow
 KEY = "tml-clawr1-cookbook-key-71c2"

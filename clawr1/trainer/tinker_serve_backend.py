@@ -1,11 +1,11 @@
 """The machine behind `clawr1 tinker-serve`: Tinker's training calls on clawr1's Megatron trainer, its sampling
-calls on clawr1's engine (`clawr1/tinker/backend.py` is the contract, `clawr1/tinker/server.py` the wire).
+calls on clawr1's engine (`clawr1/tinker_serve/backend.py` is the contract, `clawr1/tinker_serve/server.py` the wire).
 
 - The base model is frozen; every Tinker training client owns one LoRA slot (`lora.slots` of them, rank
   `lora.rank`) and an AdamW over that slot's adapters alone.
 - `forward_backward` packs the datums in one row (each token through its model's slot), scores each target
   token (position i of `model_input` predicts `target_tokens[i]`), and sums Tinker's loss
-  (`clawr1/algo/tinker_losses.py`); the gradients accumulate until `optim_step`.
+  (`clawr1/algo/tinker_serve_losses.py`); the gradients accumulate until `optim_step`.
 - Saving weights for the sampler writes the slot's adapter as a PEFT directory under
   RUN_DIR/tinker/sampler_weights/ and loads it into the engine under its own name; sampling names it.
   The engine holds `serve.max_loras` adapters: the least recently used ones are unloaded and loaded back
@@ -25,11 +25,11 @@ from typing import Optional
 import numpy as np
 import torch
 
-from clawr1.algo.tinker_losses import LossInputError, check_loss_call, tinker_loss
+from clawr1.algo.tinker_serve_losses import LossInputError, check_loss_call, tinker_loss
 from clawr1.config import Config
 from clawr1.engine_api.client import SERVER_INFO_PATHS, SyncEngineClient
 from clawr1.model_path import resolve_model_path
-from clawr1.tinker.backend import (Datum, ForwardBackwardResult, ModelInfo, SampledSequence, SampleResult,
+from clawr1.tinker_serve.backend import (Datum, ForwardBackwardResult, ModelInfo, SampledSequence, SampleResult,
                                    TinkerRequestError)
 from clawr1.trainer.lora import LoraAdapters, LoraShape, peft_config, peft_tensors, write_peft_adapter
 from clawr1.trainer.megatron_setup import init_parallel

@@ -18,7 +18,7 @@ from clawr1.devtools import LoopProcess
 from clawr1.engine_api.client import EngineClient, EngineError, Generation, SyncEngineClient
 from tests.conftest import engine_metric, make_config
 from tests.numerics import assert_close, forward_depth, logit_magnitude
-from tests.tinker_serve import tinker_serve
+from tests.tinker_serve_process import tinker_serve
 
 tinker = pytest.importorskip("tinker", reason="needs the Tinker SDK (the `tinker` extra: scripts/setup.sh installs it)")
 from tinker import types  # noqa: E402
@@ -204,7 +204,7 @@ def test_the_key_is_in_no_log_or_file_of_either_process(stack):
 
 def test_the_embedded_stop_rules_cut_what_tinker_returned():
     from clawr1.serving.engine import SamplingParams
-    from clawr1.serving.tinker_engine import finish_point
+    from clawr1.serving.tinker_client_engine import finish_point
 
     def decode(ids: list[int]) -> str:
         return "".join(chr(ord("a") + i) for i in ids)
@@ -220,7 +220,7 @@ def test_the_embedded_stop_rules_cut_what_tinker_returned():
 
 
 def test_a_tinker_call_slower_than_the_timeout_fails_with_504(tiny_model):
-    from clawr1.serving.tinker_engine import Sampler, TinkerCallError, TinkerEngine
+    from clawr1.serving.tinker_client_engine import Sampler, TinkerCallError, TinkerEngine
 
     class NeverDone:  # an SDK future whose answer does not come: result_async(timeout) raises TimeoutError
         async def result_async(self, timeout: float):
