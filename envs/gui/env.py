@@ -105,8 +105,8 @@ class GuiEnv:
         self.run_seed = seed
         self._known: dict[str, GuiTask] = {}
         pool = self.tasks(self.cfg.tasks.split(":")[0])
-        self.eval_set = self.tasks(self.cfg.eval_tasks) if self.cfg.eval_tasks else self._part(pool, "heldout")
-        scored = {t.id for t in self.eval_set}
+        self.heldout_set = self.tasks(self.cfg.eval_tasks) if self.cfg.eval_tasks else self._part(pool, "heldout")
+        scored = {t.id for t in self.heldout_set}
         self.train_set = [t for t in self._part(pool, "train") if t.id not in scored]
         self.counts = {"episodes": 0, "episodes_passed": 0, "tool_calls": 0, "tool_errors": 0,
                        "browser_launches": 0, "episodes_broken": 0}  # broken: ended early by the page (PageBroke)
@@ -221,7 +221,7 @@ class GuiEnv:
         return {**group_metrics(results), **({"episode_errors": float(broken)} if broken else {})}
 
     async def evaluate(self, client: ChatClient, n: int, session_prefix: str) -> dict[str, float]:
-        results = await evaluate_tasks(self.run_task, client, self.eval_set[:max(0, n)], session_prefix,
+        results = await evaluate_tasks(self.run_task, client, self.heldout_set[:max(0, n)], session_prefix,
                                        EVAL_CONCURRENCY)
         return pass_rates(results)
 
@@ -245,7 +245,7 @@ class GuiEnv:
     # -- reporting
     def describe(self) -> dict[str, Any]:
         host = self._host
-        return {"tasks": self.cfg.tasks, "train_tasks": len(self.train_set), "eval_task_count": len(self.eval_set),
+        return {"tasks": self.cfg.tasks, "train_tasks": len(self.train_set), "eval_task_count": len(self.heldout_set),
                 "seeds": self.cfg.seeds, "sandbox": self.cfg.sandbox,
                 "browser": host.chromium if host else (self.cfg.browser or "auto")}
 

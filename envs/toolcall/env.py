@@ -185,13 +185,13 @@ class ToolCallEnv:
             raise ValueError(f"toolcall env: tasks must name a pool (shop, learnable, bfcl:<category>[:N]), "
                              f"not a part of one: {self.cfg.tasks!r}")
         pool = self._pool(parse_spec(self.cfg.tasks))
-        self.eval_set = self.tasks(self.cfg.eval_tasks) if self.cfg.eval_tasks else pool["heldout"]
-        scored = {t.id for t in self.eval_set}
+        self.heldout_set = self.tasks(self.cfg.eval_tasks) if self.cfg.eval_tasks else pool["heldout"]
+        scored = {t.id for t in self.heldout_set}
         self.train_set = [t for t in pool["train"] if t.id not in scored]
-        if not self.train_set or not self.eval_set:
-            raise ValueError(f"toolcall env: {len(self.train_set)} training and {len(self.eval_set)} evaluation "
+        if not self.train_set or not self.heldout_set:
+            raise ValueError(f"toolcall env: {len(self.train_set)} training and {len(self.heldout_set)} evaluation "
                              f"tasks with tasks={self.cfg.tasks!r}, eval_tasks={self.cfg.eval_tasks!r}")
-        self.eval_order = random.Random(f"eval-{self.cfg.seed}").sample(self.eval_set, len(self.eval_set))
+        self.heldout_order = random.Random(f"eval-{self.cfg.seed}").sample(self.heldout_set, len(self.heldout_set))
         self.counts = {"episodes": 0, "episodes_passed": 0, "tool_calls": 0, "tool_errors": 0}
 
     # -- task sets
@@ -225,7 +225,7 @@ class ToolCallEnv:
 
     async def evaluate(self, client: ChatClient, n: int, session_prefix: str) -> dict[str, float]:
         """Up to `n` evaluation tasks (the same ones every time) as side turns, 4 at a time."""
-        results = await evaluate_tasks(self.run_task, client, self.eval_order[:max(0, n)], session_prefix,
+        results = await evaluate_tasks(self.run_task, client, self.heldout_order[:max(0, n)], session_prefix,
                                        EVAL_CONCURRENCY)
         return pass_rates(results)
 
@@ -249,7 +249,7 @@ class ToolCallEnv:
     # -- reporting
     def describe(self) -> dict[str, Any]:
         return {"tasks": self.cfg.tasks, "eval_tasks": self.cfg.eval_tasks or f"{self.cfg.tasks} (held-out part)",
-                "train_tasks": len(self.train_set), "eval_task_count": len(self.eval_set),
+                "train_tasks": len(self.train_set), "eval_task_count": len(self.heldout_set),
                 "max_turns": self.cfg.max_turns or DEFAULT_MAX_TURNS[parse_spec(self.cfg.tasks).source],
                 "split_seed": self.cfg.seed}
 

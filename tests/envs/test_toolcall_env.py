@@ -80,7 +80,7 @@ def test_shop_sets_hold_out_every_fifth_task_by_id():
     assert len(every) == 30 and [t.id for t in every] == ids and SHOP.tasks() == every
     held = [t.id for t in SHOP.tasks("shop:heldout")]
     assert held == ids[4::5] and len(held) == 6
-    assert [t.id for t in SHOP.eval_set] and {t.id for t in SHOP.eval_set} == set(held)
+    assert [t.id for t in SHOP.heldout_set] and {t.id for t in SHOP.heldout_set} == set(held)
     assert {t.id for t in SHOP.train_set} == set(ids) - set(held) and len(SHOP.train_set) == 24
     t = every[0]
     assert t.category == f"shop/{t.task.kind}" and t.agent.max_turns == 8 and not t.agent.needs_submit
@@ -94,9 +94,9 @@ def test_learnable_sets_follow_the_split():
     assert [t.id for t in LEARN.tasks("learnable")] == [t.id for t in split.heldout]
     assert LEARN.tasks("learnable:heldout") == LEARN.tasks("learnable") == LEARN.tasks()
     assert [t.id for t in LEARN.train_set] == [t.id for t in split.train]
-    assert len(LEARN.train_set) == 5901 and len(LEARN.eval_set) == 654
-    assert not {t.id for t in LEARN.train_set} & {t.id for t in LEARN.eval_set}
-    t = LEARN.eval_set[0]
+    assert len(LEARN.train_set) == 5901 and len(LEARN.heldout_set) == 654
+    assert not {t.id for t in LEARN.train_set} & {t.id for t in LEARN.heldout_set}
+    t = LEARN.heldout_set[0]
     assert t.agent.max_turns == 3 and t.category in ("learnable/calc", "learnable/unit")
     assert t.agent.messages == t.task.messages() and t.agent.tools == learnable.TOOLS
 
@@ -105,15 +105,15 @@ def test_explicit_eval_tasks_are_never_trained_on():
     with pytest.raises(ValueError, match="0 training and 24 evaluation"):
         ToolCallEnv({"eval_tasks": "shop:train"})  # training uses only the train part, minus what is scored
     env = ToolCallEnv({"eval_tasks": "learnable", "max_turns": 5})
-    assert len(env.train_set) == 24 and len(env.eval_set) == 654
-    assert all(t.agent.max_turns == 5 for t in env.train_set + env.eval_set)
+    assert len(env.train_set) == 24 and len(env.heldout_set) == 654
+    assert all(t.agent.max_turns == 5 for t in env.train_set + env.heldout_set)
 
 
 @needs_bfcl
 def test_explicit_bfcl_eval_tasks_are_removed_from_training():
     env = ToolCallEnv({"tasks": "bfcl:parallel:40", "eval_tasks": "bfcl:parallel:20"})
     first20 = {f"parallel_{i}" for i in range(20)}
-    assert {t.id for t in env.eval_set} == first20
+    assert {t.id for t in env.heldout_set} == first20
     default = ToolCallEnv({"tasks": "bfcl:parallel:40"})
     assert {t.id for t in env.train_set} == {t.id for t in default.train_set} - first20
 
@@ -169,11 +169,11 @@ def test_bfcl_oracle_passes_multiple_and_parallel(category):
 @needs_bfcl
 def test_bfcl_sets_limits_and_heldout_sample():
     env = ToolCallEnv({"tasks": "bfcl:parallel:40"})
-    assert len(env.tasks()) == 40 and len(env.eval_set) == 10 and len(env.train_set) == 30
+    assert len(env.tasks()) == 40 and len(env.heldout_set) == 10 and len(env.train_set) == 30
     assert env.tasks("bfcl:parallel:40")[0].agent.max_turns == 1
-    assert ToolCallEnv({"tasks": "bfcl:parallel:40"}).eval_set == env.eval_set  # a fixed sample
+    assert ToolCallEnv({"tasks": "bfcl:parallel:40"}).heldout_set == env.heldout_set  # a fixed sample
     reseeded = ToolCallEnv({"tasks": "bfcl:parallel:40", "seed": 1})
-    assert {t.id for t in reseeded.eval_set} != {t.id for t in env.eval_set}
+    assert {t.id for t in reseeded.heldout_set} != {t.id for t in env.heldout_set}
     t = env.tasks()[0]
     assert t.category == "bfcl/parallel" and t.agent.messages[0]["role"] == "system"
     assert t.agent.messages[1:] == t.task.messages and t.agent.tools == t.task.tools
@@ -269,7 +269,7 @@ def test_episodes_draw_only_training_tasks():
     for i in range(60):
         asyncio.run(SHOP.episode(agent, f"draw-{i}", random.Random(i)))
     seen = {sent[0][1]["content"] for sent in agent.sent.values()}
-    held = {t.task.instruction for t in SHOP.eval_set}
+    held = {t.task.instruction for t in SHOP.heldout_set}
     assert seen and not seen & held
 
 
@@ -278,7 +278,7 @@ def test_evaluate_oracle_and_null_four_at_a_time():
         oracle = Recorder(lambda tid, env=env: oracle_script(env._task(tid)))
         m = asyncio.run(env.evaluate(oracle, n, "ev"))
         assert m == {"pass_rate": 1.0, "mean_turns": 2.0, "tool_errors": 0.0, "timeouts": 0.0}
-        assert len(oracle.sent) == min(n, len(env.eval_set)) and oracle.outcomes == {}  # side turns only
+        assert len(oracle.sent) == min(n, len(env.heldout_set)) and oracle.outcomes == {}  # side turns only
         assert oracle.max_in_flight == 4
         m = asyncio.run(env.evaluate(env.scripted_agent("null"), n, "ev"))
         assert m == {"pass_rate": 0.0, "mean_turns": 1.0, "tool_errors": 0.0, "timeouts": 0.0}
@@ -289,8 +289,8 @@ def test_evaluate_oracle_and_null_four_at_a_time():
     asyncio.run(LEARN.evaluate(again, 40, "b"))
     questions = [s[0][1]["content"] for s in first.sent.values()]
     assert questions == [s[0][1]["content"] for s in again.sent.values()]
-    assert sorted(t.id for t in LEARN.eval_order) == sorted(t.id for t in LEARN.eval_set)
-    assert [t.id for t in LEARN.eval_order[:40]] != [t.id for t in LEARN.eval_set[:40]]  # a seeded shuffle
+    assert sorted(t.id for t in LEARN.heldout_order) == sorted(t.id for t in LEARN.heldout_set)
+    assert [t.id for t in LEARN.heldout_order[:40]] != [t.id for t in LEARN.heldout_set[:40]]  # a seeded shuffle
 
 
 def test_describe_names_the_sets():
