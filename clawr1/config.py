@@ -739,68 +739,124 @@ class Config(Section):
     tinker: TinkerConfig = Field(default_factory=TinkerConfig, description="Tinker's API served from this "
                                  "machine (`clawr1 tinker-serve`).")
 
+    # ---- settings that are each valid but contradict each other: one named validator per rule, run in this order
     @model_validator(mode="after")
-    def _consistent(self) -> "Config":
-        """Settings that are each valid but contradict each other."""
-        r, j = self.rollout, self.judge
-        if (self.cluster.backend == "ray" and self.serve.backend == "embedded" and j.teacher != "lagged"
+    def _weight_sync_on_ray_defaults_to_http(self) -> "Config":
+        """trainer.weight_sync, unless set: http for embedded engines on a Ray cluster (no disk shared with them;
+        the lagged teacher reads published directories, so it keeps disk)."""
+        if (self.cluster.backend == "ray" and self.serve.backend == "embedded" and self.judge.teacher != "lagged"
                 and "weight_sync" not in self.trainer.model_fields_set):
-            self.trainer.weight_sync = "http"  # no disk shared with the engines is needed
+            self.trainer.weight_sync = "http"
+        return self
+
+    @model_validator(mode="after")
+    def _env_runs_have_a_step_count(self) -> "Config":
         if self.run.mode == "env" and not self.run.max_steps:
             raise ValueError("run.max_steps=0 (no limit) is for live runs (run.mode=live); an env run needs a step count")
-        if r.max_pool_backlog and r.max_pool_backlog < self.pool.batch_size:
-            raise ValueError(f"rollout.max_pool_backlog ({r.max_pool_backlog}) must be 0 or at least pool.batch_size "
+        return self
+
+    @model_validator(mode="after")
+    def _pool_backlog_holds_a_batch(self) -> "Config":
+        backlog = self.rollout.max_pool_backlog
+        if backlog and backlog < self.pool.batch_size:
+            raise ValueError(f"rollout.max_pool_backlog ({backlog}) must be 0 or at least pool.batch_size "
                              f"({self.pool.batch_size}), or the trainer would wait forever")
+        return self
+
+    @model_validator(mode="after")
+    def _prm_engine_speaks_the_judges_api(self) -> "Config":
+        j = self.judge
         if j.runs_own_prm and self.serve.backend == "embedded" and j.llm_api == "openai":
             raise ValueError("the PRM engine `clawr1 run` starts is the embedded engine, which serves /generate only: "
                              "set judge.llm_api=generate, or judge.llm_url to an OpenAI-compatible endpoint")
         if j.prm == "policy" and (j.llm_url or j.llm_api != "generate"):
             raise ValueError("judge.prm=policy sends the votes to the serving engine's /generate: leave judge.llm_url "
                              "empty and set judge.llm_api=generate")
-        if j.teacher == "lagged" and self.trainer.weight_sync != "disk":
+        return self
+
+    @model_validator(mode="after")
+    def _lagged_teacher_reads_published_weights(self) -> "Config":
+        if self.judge.teacher == "lagged" and self.trainer.weight_sync != "disk":
             raise ValueError("judge.teacher=lagged is refreshed from the published weight directories: it needs "
                              "trainer.weight_sync=disk")
+        return self
+
+    @model_validator(mode="after")
+    def _noise_rates_are_probabilities(self) -> "Config":
+        j = self.judge
         if j.score_noise + j.score_abstain > 1:
             raise ValueError(f"judge.score_noise + judge.score_abstain must be at most 1, got "
                              f"{j.score_noise} + {j.score_abstain}")
         if j.hint_noise + j.hint_drop > 1:
             raise ValueError(f"judge.hint_noise + judge.hint_drop must be at most 1, got {j.hint_noise} + {j.hint_drop}")
+        return self
+
+    @model_validator(mode="after")
+    def _directive_hints_have_directives(self) -> "Config":
+        j = self.judge
         if j.rules_hint == "directive" and not j.directives:
             raise ValueError("judge.rules_hint=directive maps corrections to configured options: judge.directives is empty")
         if j.hint_noise_kind == "contradict" and j.hint_noise and not j.directives:
             raise ValueError("judge.hint_noise_kind=contradict draws another option of the kind a hint names: "
                              "it needs judge.directives")
-        if self.algo.opd_baseline == "teacher" and j.teacher == "none":
+        return self
+
+    @model_validator(mode="after")
+    def _teacher_baseline_needs_a_teacher(self) -> "Config":
+        if self.algo.opd_baseline == "teacher" and self.judge.teacher == "none":
             raise ValueError("algo.opd_baseline=teacher compares the teacher with and without the hint: set judge.teacher")
+        return self
+
+    @model_validator(mode="after")
+    def _per_user_adapters_are_served_as_adapters(self) -> "Config":
         if self.lora.per_user and not self.lora.enabled:
             raise ValueError("lora.per_user trains one adapter per user: set lora.enabled=true")
         if self.lora.per_user and self.lora.sync != "adapter":
             raise ValueError("lora.per_user serves each user their own adapter: it needs lora.sync=adapter")
-        if self.lora.serves_adapters:
-            if "max_loras" not in self.serve.model_fields_set:
-                self.serve.max_loras = 3 * self.lora.slots + 1
-            if self.serve.max_loras < 3 * self.lora.slots:
-                raise ValueError(f"serve.max_loras ({self.serve.max_loras}) must hold three versions of each of the "
-                                 f"{self.lora.slots} adapters (lora.slots): the newest, the one before, the next")
-            if self.lora.slot_rank > self.serve.max_lora_rank:
-                raise ValueError(f"lora.rank or lora.max_rank ({self.lora.slot_rank}) exceeds serve.max_lora_rank "
-                                 f"({self.serve.max_lora_rank})")
-            if j.teacher == "lagged":
-                raise ValueError("judge.teacher=lagged refreshes a teacher engine with full weights; with lora.sync=adapter "
-                                 "use judge.teacher=policy (the base, adapter off) or frozen")
-        if self.algo.w_topk and not j.teacher_topk:
+        return self
+
+    @model_validator(mode="after")
+    def _engines_hold_the_adapters(self) -> "Config":
+        """serve.max_loras, unless set: 3 × lora.slots + 1 where adapters are served (each slot's newest version,
+        the one before and the next, and one spare)."""
+        if not self.lora.serves_adapters:
+            return self
+        if "max_loras" not in self.serve.model_fields_set:
+            self.serve.max_loras = 3 * self.lora.slots + 1
+        if self.serve.max_loras < 3 * self.lora.slots:
+            raise ValueError(f"serve.max_loras ({self.serve.max_loras}) must hold three versions of each of the "
+                             f"{self.lora.slots} adapters (lora.slots): the newest, the one before, the next")
+        if self.lora.slot_rank > self.serve.max_lora_rank:
+            raise ValueError(f"lora.rank or lora.max_rank ({self.lora.slot_rank}) exceeds serve.max_lora_rank "
+                             f"({self.serve.max_lora_rank})")
+        if self.judge.teacher == "lagged":
+            raise ValueError("judge.teacher=lagged refreshes a teacher engine with full weights; with lora.sync=adapter "
+                             "use judge.teacher=policy (the base, adapter off) or frozen")
+        return self
+
+    @model_validator(mode="after")
+    def _distillation_has_a_teacher(self) -> "Config":
+        if self.algo.w_topk and not self.judge.teacher_topk:
             raise ValueError("algo.w_topk > 0 needs the judge to record the teacher's top-k: set judge.teacher_topk")
-        if (self.algo.w_opd or self.algo.w_topk) and j.teacher == "none":
+        if (self.algo.w_opd or self.algo.w_topk) and self.judge.teacher == "none":
             raise ValueError("algo.w_opd or algo.w_topk > 0 needs a teacher: set judge.teacher to policy or frozen "
                              "(or the weights to 0)")
+        return self
+
+    @model_validator(mode="after")
+    def _tinker_backends_go_together(self) -> "Config":
         self._check_tinker()
-        if self.trainer.weight_sync == "nccl" and self.serve.backend != "sglang" and not self.gateway.engine_urls:
+        return self
+
+    @model_validator(mode="after")
+    def _weight_sync_fits_the_engines(self) -> "Config":
+        sync, backend = self.trainer.weight_sync, self.serve.backend
+        if sync == "nccl" and backend != "sglang" and not self.gateway.engine_urls:
             raise ValueError("trainer.weight_sync=nccl pushes into SGLang engines: set serve.backend=sglang")
-        if self.trainer.weight_sync == "http" and self.serve.backend != "embedded":
+        if sync == "http" and backend != "embedded":
             raise ValueError("trainer.weight_sync=http streams safetensors into the embedded engine's "
                              "/update_weights_from_tensor; SGLang engines take trainer.weight_sync=nccl or disk")
-        if self.trainer.weight_sync == "ipc" and (self.serve.backend != "embedded" or self.cluster.backend != "local"
-                                                  or self.gateway.engine_urls):
+        if sync == "ipc" and (backend != "embedded" or self.cluster.backend != "local" or self.gateway.engine_urls):
             raise ValueError("trainer.weight_sync=ipc shares the trainer's tensors in place with the embedded engines "
                              "it starts on the same machine (serve.backend=embedded, cluster.backend=local, no "
                              "gateway.engine_urls)")
