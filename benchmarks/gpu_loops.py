@@ -451,7 +451,7 @@ def main() -> int:
         else:
             model = Path(args.model) if args.model else None  # None: the tiny model clawr1 builds and caches itself
             stages.status["model"] = "ok"
-        from clawr1.config import free_port
+        from clawr1.ports import free_port
 
         ports = {name: free_port() for name in ("gateway", "engine", "teacher")}
         urls = {"gateway": f"http://127.0.0.1:{ports['gateway']}", "engine": f"http://127.0.0.1:{ports['engine']}"}

@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from clawr1.config import free_port  # noqa: E402
+from clawr1.ports import free_port  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 GOAL = 0.05

@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from clawr1.config import free_port  # noqa: E402
+from clawr1.ports import free_port  # noqa: E402
 from clawr1.gateway.outbox import Outbox  # noqa: E402
 from envs.personal.client import OpenAIChat  # noqa: E402
 from envs.personal.env import PersonalEnv  # noqa: E402

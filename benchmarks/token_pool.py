@@ -84,7 +84,9 @@ def main() -> int:
     args = p.parse_args()
     import httpx
 
-    from clawr1.config import assign_free_ports, load_config, save_config
+    from clawr1.config import load_config, save_config
+
+    from clawr1.ports import assign_free_ports
     from clawr1.runtime import start_process, stop_processes, wait_http
 
     with tempfile.TemporaryDirectory(prefix="token-pool-") as tmp:

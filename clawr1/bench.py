@@ -114,7 +114,8 @@ async def run_bench(env: TaskEnvironment, tasks: list[Any], agent_kind: str, cli
 @contextlib.contextmanager
 def serving_stack(config: str, overrides: list[str], run_dir: Path) -> Iterator[str]:
     """An engine and a gateway from a recipe, on free ports; the gateway's URL. Stopped on exit."""
-    from clawr1.config import assign_free_ports, load_config, save_config
+    from clawr1.config import load_config, save_config
+    from clawr1.ports import assign_free_ports
     from clawr1.runtime import start_process, stop_processes, wait_http
 
     cfg = assign_free_ports(load_config(config, [*overrides, f"run.dir={run_dir}"]))

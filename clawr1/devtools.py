@@ -9,7 +9,10 @@ import time
 from pathlib import Path
 
 
-from clawr1.config import Config, assign_free_ports, load_config, save_config
+from clawr1.config import Config, load_config, save_config
+
+
+from clawr1.ports import assign_free_ports
 from clawr1.runtime import wait_http
 
 REPO = Path(__file__).resolve().parents[1]

@@ -33,7 +33,8 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from clawr1 import placement
-from clawr1.config import Config, free_port, save_config, to_dict
+from clawr1.config import Config, save_config, to_dict
+from clawr1.ports import free_port
 from clawr1.placement import LoopSpec, Node, PlacementRefused
 from clawr1.run_skeleton import Driver, LoopFailed, RunSkeleton, stop_stages
 from clawr1.runtime import ready_file, start_process, stop_processes, write_atomically
@@ -126,7 +127,7 @@ class LoopHost:
 
 
 def _ports(host: str, wanted: list[int]) -> list[int]:
-    """`wanted` with each 0 replaced by a distinct free port on `host` (config.free_port: below the ephemeral range)."""
+    """`wanted` with each 0 replaced by a distinct free port on `host` (ports.free_port: below the ephemeral range)."""
     chosen: list[int] = []
     for p in wanted:
         chosen.append(p or free_port(host, avoid=[*wanted, *chosen]))

@@ -29,7 +29,8 @@ from typing import Callable, Optional
 import httpx
 
 from clawr1.cluster import apply_partition, visible_devices
-from clawr1.config import Config, assign_free_ports, free_port, save_config
+from clawr1.config import Config, save_config
+from clawr1.ports import assign_free_ports, free_port
 from clawr1.engine_api.versions import newest_weights
 from clawr1.run_skeleton import Driver, LoopFailed, RunSkeleton, stop_stages
 from clawr1.runtime import ready_file, start_process, stop_processes

@@ -4,7 +4,7 @@ import time
 import pytest
 
 from clawr1 import bus, protocol
-from clawr1.config import free_port
+from clawr1.ports import free_port
 from clawr1.protocol import Ack, ErrorReply, StatsRequest, WeightsPublished
 
 

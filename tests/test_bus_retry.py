@@ -5,7 +5,7 @@ import threading
 import pytest
 
 from clawr1 import bus
-from clawr1.config import free_port
+from clawr1.ports import free_port
 from clawr1.protocol import Ack, StatsRequest
 
 TIMEOUT_S = 0.2  # each unanswered request's wait

@@ -9,7 +9,7 @@ import pytest
 from clawr1.cluster import apply_partition, visible_devices
 from clawr1.config import ConfigError, load_config
 from clawr1.supervisor import Supervisor, _refresh_master_port
-from clawr1.config import assign_free_ports
+from clawr1.ports import assign_free_ports
 from tests.conftest import REPO
 
 

@@ -75,7 +75,7 @@ def init_parallel(tp: int = 1, seed: int = 0, master_port: int = 0) -> ParallelI
         if "MASTER_PORT" in os.environ:
             dist.init_process_group(backend, rank=rank, world_size=world)
         else:  # a lone process: its own rendezvous, without touching the environment its children inherit
-            from clawr1.config import free_port
+            from clawr1.ports import free_port
 
             url = f"tcp://{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{master_port or free_port()}"
             dist.init_process_group(backend, init_method=url, rank=rank, world_size=world)

@@ -12,7 +12,9 @@ import os
 import sys
 from pathlib import Path
 
-from clawr1.config import Config, assign_free_ports, load_config, save_config
+from clawr1.config import Config, load_config, save_config
+
+from clawr1.ports import assign_free_ports
 from clawr1.runtime import setup_logging, start_process, stop_processes, wait_http
 
 log = logging.getLogger("clawr1.tinker")

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from clawr1.config import free_port
+from clawr1.ports import free_port
 from tests.conftest import REPO, pid_alive
 from tests.e2e.test_run import descendants, trainer_records
 

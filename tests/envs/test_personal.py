@@ -175,7 +175,7 @@ def test_a_language_model_can_word_the_users_messages(tiny_model, tmp_path, loop
 
 
 def test_an_unreachable_user_model_falls_back_to_the_script():
-    from clawr1.config import free_port
+    from clawr1.ports import free_port
 
     env = PersonalEnv({"kinds": ["format"], "questions_per_session": 1, "implicit_rate": 0.0,
                        "user_llm_url": f"http://127.0.0.1:{free_port()}/v1"})

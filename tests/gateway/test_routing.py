@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from clawr1.config import free_port
+from clawr1.ports import free_port
 from clawr1.gateway.router import EngineRouter, NoEngineError
 from tests.conftest import engine_metric, make_config
 

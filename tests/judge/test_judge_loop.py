@@ -126,7 +126,7 @@ def test_report_shows_how_long_turns_waited_for_the_judge(tiny_model, tmp_path):
 
 
 def test_an_unreachable_prm_endpoint_gives_abstentions_not_a_crash():
-    from clawr1.config import free_port
+    from clawr1.ports import free_port
 
     judge = LlmJudge(JudgeConfig(backend="llm", llm_url=f"http://127.0.0.1:{free_port()}/v1", votes=3))
     verdict = verdict_on_a_correction(judge)

@@ -9,7 +9,7 @@ import httpx
 import pytest
 import uvicorn
 
-from clawr1.config import free_port
+from clawr1.ports import free_port
 from clawr1.engine_api.client import SyncEngineClient
 from clawr1.engine_api.nccl import local_nccl_version, reported_nccl_version
 from clawr1.serving.engine import Engine

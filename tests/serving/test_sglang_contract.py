@@ -28,7 +28,9 @@ import httpx
 import pytest
 import torch
 
-from clawr1.config import Config, ConfigError, free_port, load_config
+from clawr1.config import Config, ConfigError, load_config
+
+from clawr1.ports import free_port
 from clawr1.engine_api.client import (
     EngineClient, EngineError, Generation, SyncEngineClient, disk_update_payload, parse_generation, update_protocol,
 )

@@ -17,7 +17,9 @@ import torch
 import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 
-from clawr1.config import AlgoConfig, TrainerConfig, free_port
+from clawr1.config import AlgoConfig, TrainerConfig
+
+from clawr1.ports import free_port
 from clawr1.trainer import checkpoint
 from clawr1.trainer.megatron_setup import _cpu_shims
 from clawr1.trainer.model import build_policy

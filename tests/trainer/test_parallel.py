@@ -14,7 +14,7 @@ import msgspec
 import pytest
 import torch
 
-from clawr1.config import free_port
+from clawr1.ports import free_port
 from clawr1.protocol import Sample
 from tests.conftest import REPO
 from tests.numerics import (assert_all_close, assert_close, forward_depth, gap, grad_depth, magnitude_of,

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from clawr1.config import free_port
+from clawr1.ports import free_port
 from clawr1.engine_api.client import SyncEngineClient
 from tests.conftest import REPO, make_config
 from tests.serving.test_engine_api import prompt_ids

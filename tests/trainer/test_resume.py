@@ -132,7 +132,7 @@ def test_export_refuses_what_is_not_a_checkpoint(tmp_path):
 
 def trainers(cfg, world: int, *extra: str) -> list[subprocess.Popen]:
     """`world` trainer ranks (tensor parallel) for one run."""
-    from clawr1.config import free_port
+    from clawr1.ports import free_port
 
     port = str(free_port())
     return [subprocess.Popen([sys.executable, "-m", "clawr1.cli", "train", "--config", str(cfg.run_dir / "config.yaml"),
