@@ -26,7 +26,8 @@ from clawr1.config import load_config  # noqa: E402
 # tinker.session_ttl_s, lora.max_rank: only `clawr1 tinker-serve` reads them, which no benchmark run starts
 # gateway.engine_wait_s: only how long a request waits when no engine is up; what is served and trained is the same
 NEUTRAL_DEFAULTS = {("algo", "balance"): "none", ("serve", "device"): "cpu", ("serve", "sglang", "device"): "auto",
-                    ("tinker", "session_ttl_s"): 45.0, ("lora", "max_rank"): 0, ("gateway", "engine_wait_s"): 30.0}
+                    ("tinker", "session_ttl_s"): 45.0, ("lora", "max_rank"): 0, ("gateway", "engine_wait_s"): 30.0,
+                    ("run", "fork_server"): True}
 
 
 def settings_hash(recipe: Path, overrides: list[str]) -> str:

@@ -56,6 +56,11 @@ class RunConfig(Section):
     startup_timeout_s: PositiveFloat = Field(300.0, description="How long `clawr1 run` waits for a loop to become "
                                              "ready.")
     stop_timeout_s: PositiveFloat = Field(20.0, description="SIGTERM grace before SIGKILL.")
+    fork_server: bool = Field(
+        True, description="`clawr1 run` forks every loop from one warm parent that imported torch, transformers, "
+        "megatron-core and the loops' modules once (clawr1/fork_server.py), instead of starting each as a fresh "
+        "Python; on a machine with an NVIDIA GPU, and with cluster.backend=ray, loops start as fresh processes "
+        "(CUDA cannot be used in a process forked after the driver was touched).")
     on_loop_failure: Literal["stop", "restart"] = Field(
         "stop", description="When a loop dies: stop the whole run (research runs), or restart that loop with backoff "
         "while the rest keep serving (a live service); more than run.max_restarts failures of one loop within "

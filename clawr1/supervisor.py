@@ -2,7 +2,10 @@
 
 Each loop runs as `python -m clawr1.cli <loop> --config RUN_DIR/config.yaml`
 in its own process group, with its output in RUN_DIR/logs/<loop>.log, and dies
-with the supervisor even on kill -9 (PR_SET_PDEATHSIG). The run ends when the
+with the supervisor even on kill -9 (PR_SET_PDEATHSIG). Without a GPU it is forked
+from the fork server (run.fork_server, clawr1/fork_server.py), which imported what
+the loops share once; it is then the same command in /proc, with the same log and
+exit code. The run ends when the
 trainer finishes its steps (exit 0), when any loop dies (exit 1, naming it),
 or on Ctrl-C/SIGTERM (exit 130). With run.on_loop_failure=restart (live runs)
 a dead loop is restarted with backoff instead, and the run stops only when one
@@ -17,6 +20,7 @@ skeleton: clawr1/run_skeleton.py.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
@@ -24,7 +28,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import IO, Callable, Optional
 
 import httpx
 
@@ -32,6 +36,7 @@ from clawr1.cluster import apply_partition, visible_devices
 from clawr1.config import Config, save_config
 from clawr1.ports import assign_free_ports, free_port
 from clawr1.engine_api.versions import newest_weights
+from clawr1.fork_client import ForkedProcess, ForkServer, ForkServerGone, uses_fork_server
 from clawr1.run_skeleton import Driver, LoopFailed, RunSkeleton, stop_stages
 from clawr1.runtime import ready_file, start_process, stop_processes
 from clawr1.tracking import MetricsWriter
@@ -44,7 +49,7 @@ class Loop:
     env: dict[str, str]
     ready: Callable[[], bool]
     args: tuple[str, ...] = ()  # config overrides for this process only
-    proc: Optional[subprocess.Popen] = None
+    proc: Optional[subprocess.Popen | ForkedProcess] = None
     log_path: Optional[Path] = None
 
     @property
@@ -53,10 +58,16 @@ class Loop:
         return "trainer" if self.name.startswith("trainer") else self.name
 
 
+_health_client: Optional[httpx.Client] = None
+
+
 def _http_ok(url: str) -> Callable[[], bool]:
     def check() -> bool:
+        global _health_client
+        if _health_client is None:  # one client for every poll: each new one loads the CA bundle (0.1-0.3 CPU-s)
+            _health_client = httpx.Client(timeout=2, trust_env=False)
         try:
-            return httpx.get(url, timeout=2).status_code == 200
+            return _health_client.get(url).status_code == 200
         except httpx.HTTPError:
             return False
     return check
@@ -90,6 +101,7 @@ class Supervisor(RunSkeleton):
         self.loops: list[Loop] = []
         self.config_path = cfg.run_dir / "config.yaml"
         self.pending_restarts: dict[str, tuple[float, list[Loop]]] = {}  # unit -> (when, its loops)
+        self.fork_server: Optional[ForkServer] = None
 
     # ------------------------------------------------------------ plan
     def plan(self) -> list[list[Loop]]:
@@ -137,7 +149,9 @@ class Supervisor(RunSkeleton):
 
     def describe(self) -> str:
         """What `clawr1 run --dry-run` prints: every process, its GPUs and its command."""
-        lines = [f"run directory: {self.cfg.run_dir}"]
+        start = ("forked from the fork server (run.fork_server)" if uses_fork_server(self.cfg.run.fork_server)
+                 else "each a fresh Python")
+        lines = [f"run directory: {self.cfg.run_dir}", f"loops start: {start}"]
         for wave, loops in enumerate(self.plan(), 1):
             for loop in loops:
                 gpus = loop.env.get("CUDA_VISIBLE_DEVICES", "-") or "none"
@@ -167,10 +181,29 @@ class Supervisor(RunSkeleton):
     def _start(self, loop: Loop) -> None:
         loop.log_path = self.cfg.run_dir / "logs" / f"{loop.name}.log"
         env = {**os.environ, **loop.env, "PYTHONUNBUFFERED": "1", "CLAWR1_LOOP_NAME": loop.name}
-        command = [sys.executable, "-m", "clawr1.cli", loop.command, "--config", str(self.config_path), *loop.args]
-        loop.proc = start_process(command, loop.log_path, env)
+        args = [loop.command, "--config", str(self.config_path), *loop.args]
+        if uses_fork_server(self.cfg.run.fork_server):
+            try:
+                loop.proc = self._fork_server().spawn(args, env, loop.log_path)
+            except ForkServerGone as e:
+                raise LoopFailed(f"loop '{loop.name}' could not start: {e}") from None
+        else:
+            loop.proc = start_process([sys.executable, "-m", "clawr1.cli", *args], loop.log_path, env)
         if loop not in self.loops:
             self.loops.append(loop)
+
+    def _fork_server(self) -> ForkServer:
+        """The running fork server, started (again, if it died) and preloaded first (clawr1/fork_server.py)."""
+        if self.fork_server is None or not self.fork_server.alive():
+            self.fork_server = ForkServer(self.cfg.run_dir / "logs" / "fork_server.log",
+                                          {**os.environ, "PYTHONUNBUFFERED": "1"})
+            try:
+                ready = self.fork_server.wait_ready(self.cfg.run.startup_timeout_s)
+            except ForkServerGone as e:
+                raise LoopFailed(f"{e}\n{_tail(self.fork_server.log_path)}") from None
+            self.echo(f"[run] fork server up (pid {self.fork_server.proc.pid}): {ready['ready']} modules imported "
+                      f"once for every loop in {ready['cpu_s']:.1f} CPU-s")
+        return self.fork_server
 
     def _check_alive(self) -> None:
         for loop in self.loops:
@@ -263,6 +296,8 @@ class Supervisor(RunSkeleton):
             for loop in stage:
                 if loop.proc in killed:
                     self.echo(f"[run] {loop.name} did not stop in time; killed it")
+        if self.fork_server is not None:
+            self.fork_server.stop(max(1.0, deadline - time.monotonic()))
 
 
 def _gpu_env(cfg: Config, role: str, index: int = 0) -> dict[str, str]:
@@ -291,6 +326,7 @@ def prepare(cfg: Config, recipe: Path, overwrite: bool, resume: bool = False, dr
     if dry_run:
         return cfg if on_ray else assign_free_ports(cfg)
     run_dir = cfg.run_dir
+    refuse_if_in_use(run_dir)
     if resume:
         if not (run_dir / "pool").is_dir():
             raise SystemExit(f"--resume: {run_dir} holds no earlier run (no pool/ directory)")
@@ -302,7 +338,45 @@ def prepare(cfg: Config, recipe: Path, overwrite: bool, resume: bool = False, dr
                              f"pass --resume to continue it, or --overwrite to replace it")
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    hold_run_lock(run_dir)
     return cfg if on_ray else assign_free_ports(cfg)
+
+
+_held_locks: dict[Path, IO[str]] = {}  # run directory -> its open lock file, held until this process exits
+
+
+def refuse_if_in_use(run_dir: Path) -> None:
+    """SystemExit naming the other `clawr1 run` whose lock RUN_DIR/run.lock holds (two runs would mix their
+    pools, weights and ports, and --overwrite would delete a live run's directory)."""
+    lock = run_dir / "run.lock"
+    if run_dir.resolve() in _held_locks or not lock.exists():
+        return
+    with open(lock) as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = f.read().strip() or "unknown"
+            raise SystemExit(f"run directory {run_dir} is in use by another clawr1 run (pid {owner}); stop it "
+                             f"first, or choose another run.dir=...") from None
+        fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def hold_run_lock(run_dir: Path) -> None:
+    """Take RUN_DIR/run.lock (flock, released by the kernel when this process exits, even on kill -9)."""
+    refuse_if_in_use(run_dir)
+    if run_dir.resolve() in _held_locks:
+        return
+    f = open(run_dir / "run.lock", "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:  # another run took it between the check and here
+        f.close()
+        refuse_if_in_use(run_dir)
+        raise
+    f.truncate(0)
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    _held_locks[run_dir.resolve()] = f
 
 
 def make_supervisor(cfg: Config, echo: Callable[[str], None] = print) -> RunSkeleton:

@@ -1,9 +1,12 @@
 """`clawr1 run`'s supervision: restart backoff and the crash-loop limit, the newest weights for a restarted
-or resumed engine, the ledger line; and a live run that stops once one loop keeps dying."""
+or resumed engine, the ledger line, one run to a run directory; and a live run that stops once one loop keeps
+dying."""
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -11,7 +14,7 @@ from clawr1.config import load_config
 from clawr1.engine_api.lora import write_current
 from clawr1.engine_api.versions import newest_weights, published_version
 from clawr1.run_skeleton import LoopFailed, RestartPolicy, ledger_line
-from clawr1.supervisor import Supervisor
+from clawr1.supervisor import Supervisor, _held_locks, prepare
 from tests.conftest import REPO
 
 
@@ -78,3 +81,28 @@ def test_a_loop_that_keeps_dying_stops_the_live_run_naming_it(tiny_model, tmp_pa
         assert "[run] restarts: judge 1" in out and "ledger: 0 served main turns" in out
     finally:
         run.kill()
+
+
+HOLD = ("import sys, time; from pathlib import Path; from clawr1.supervisor import hold_run_lock; "
+        "p = Path(sys.argv[1]); p.mkdir(); hold_run_lock(p); print('held', flush=True); time.sleep(120)")
+
+
+def test_a_second_run_in_a_live_runs_directory_is_refused_naming_it(tmp_path):
+    run_dir = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        for flags in ([], ["--resume"], ["--overwrite"]):
+            out = subprocess.run([sys.executable, "-m", "clawr1.cli", "run", "recipes/combined/cpu.yaml",
+                                  f"run.dir={run_dir}", *flags], cwd=REPO, capture_output=True, text=True, timeout=120)
+            assert out.returncode == 1 and f"is in use by another clawr1 run (pid {holder.pid})" in out.stderr, flags
+        assert (run_dir / "run.lock").exists()  # --overwrite deleted nothing
+    finally:
+        holder.kill()
+        holder.wait()
+    recipe = REPO / "recipes/combined/cpu.yaml"  # the kernel released the lock of the killed run
+    cfg = prepare(load_config(recipe, [f"run.dir={run_dir}"]), recipe, overwrite=True)
+    try:
+        assert (run_dir / "run.lock").read_text() == f"{os.getpid()}\n"
+    finally:
+        _held_locks.pop(cfg.run_dir.resolve()).close()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from clawr1.fork_client import uses_fork_server
 from clawr1.pool.store import read_samples
 from tests.conftest import REPO, pid_alive
 
@@ -75,8 +76,9 @@ def test_combined_recipe_end_to_end(tiny_model, tmp_path):
         assert r["max_token_version"] <= r["trained_at_version"] == r["step"] - 1
         assert r["samples"] == 16 and r["tokens_per_s"] > 0
     # the recipe's frozen teacher runs in an engine of its own, and scores every hinted turn
+    forked = ["fork_server.log"] if uses_fork_server(True) else []
     assert sorted(p.name for p in (run_dir / "logs").iterdir()) == \
-        ["gateway.log", "judge.log", "pool.log", "rollout.log", "serve.log", "teacher.log", "trainer.log"]
+        [*forked, "gateway.log", "judge.log", "pool.log", "rollout.log", "serve.log", "teacher.log", "trainer.log"]
     hinted = [s for s in read_samples(run_dir / "pool") if s.hint]
     assert hinted and all(len(s.teacher_logprobs) == s.response_len for s in hinted)
     evals = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "personalization_score" in line]
