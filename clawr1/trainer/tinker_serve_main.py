@@ -45,8 +45,9 @@ def serve(cfg: Config) -> int:
         api_key = os.environ.get(cfg.tinker.api_key_env) or None
         app = create_app(backend, api_key, session_ttl_s=cfg.tinker.session_ttl_s)
         url = f"http://{cfg.tinker.host}:{cfg.tinker.port}"
-        print(f"[tinker-serve] {backend.info().model_name}: Tinker API at {url} (engine {cfg.engine_url}, "
-              f"{cfg.lora.slots} training slots, LoRA ranks 1 to {backend.info().lora_rank}, sessions end "
+        info = backend.info()
+        print(f"[tinker-serve] {info.model_name}: Tinker API at {url} (engine {cfg.engine_url}, "
+              f"{cfg.lora.slots} training slots, LoRA ranks 1 to {info.lora_rank}, sessions end "
               f"{cfg.tinker.session_ttl_s:g} s after their last heartbeat; "
               f"{'key required' if api_key else 'any key accepted'})", flush=True)
         (cfg.run_dir / "tinker_url").write_text(url)
