@@ -112,8 +112,8 @@ def shared_settings(users: dict[str, list[str]], steps: int) -> list[str]:
             "rollout.eval_size=16", "trainer.checkpoint_every=4"]
 
 
-def run_row(row: str) -> None:
-    """Every recipe's run of `row` (skipping finished runs), each one's per-user results saved as it ends."""
+def row_runs(row: str) -> dict[str, Run]:
+    """Each recipe's run of `row`, by name, with the row's users and settings."""
     if row not in ROWS:
         raise SystemExit(f"unknown row {row!r}: one of {list(ROWS)}")
     setting, steps, runs = ROWS[row]
@@ -121,14 +121,23 @@ def run_row(row: str) -> None:
     if not users_file.exists():
         raise SystemExit("no users chosen yet: run `python benchmarks/learning_iv.py probe`, then `select`")
     users = read_json(users_file)["evaluation"]
-    for name, (recipe, extra) in runs.items():
-        run = Run(OUT / row, name.replace(" ", "_"), REPO / "recipes" / recipe / "cpu_qwen05_lora.yaml",
-                  tuple(shared_settings(users, steps) + JUDGE[setting] + list(extra)))
+    return {name: Run(OUT / row, name.replace(" ", "_"), REPO / "recipes" / recipe / "cpu_qwen05_lora.yaml",
+                      tuple(shared_settings(users, steps) + JUDGE[setting] + list(extra)))
+            for name, (recipe, extra) in runs.items()}
+
+
+def run_row(row: str) -> None:
+    """Every recipe's run of `row`, each one's per-user results saved as it ends. A run whose results are
+    committed under its name is skipped: its run directory may be on another machine."""
+    saved = read_json(DATA / "runs" / f"{row}.json").get("recipes", {})
+    for name, run in row_runs(row).items():
+        if saved.get(name, {}).get("run") == run.path.name:
+            continue
         if not run.finished:
             print(f"[learning_iv] {row} {name}: {run.path.relative_to(REPO)}", flush=True)
         minutes = run.start()
         save_result(row, name, run, minutes)
-    if setting == "llm":
+    if ROWS[row][0] == "llm":
         add_hint_uptake(row)
 
 
@@ -167,10 +176,6 @@ def save_result(row: str, recipe: str, run: Run, minutes: float) -> None:
     often its judge agreed with the users' truth (minutes: this sitting's; 0 for a run that finished before)."""
     out = DATA / "runs" / f"{row}.json"
     data = read_json(out) or {"row": row, "recipes": {}}
-    if recipe in data["recipes"]:
-        data["recipes"][recipe].setdefault("judge", judge_agreement(run.path))  # rows saved before it was kept
-        write_json(out, data)
-        return
     curves = per_user_curves(run.path)
     data["recipes"][recipe] = {
         "run": run.path.name, "overrides": list(run.overrides), "minutes": round(minutes, 1),

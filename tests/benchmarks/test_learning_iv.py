@@ -6,7 +6,9 @@ import json
 import subprocess
 import sys
 
-from benchmarks.learning_iv_rows import choose, shared_settings
+import benchmarks.learning_iv_rows as rows_module
+from benchmarks.learning_iv_rows import choose, row_runs, run_row, shared_settings
+from benchmarks.runs import Run
 from benchmarks.learning_iv_table import DATA, render_tables, write_tables
 from tests.conftest import REPO
 
@@ -75,3 +77,26 @@ def test_a_clear_difference_wins_and_a_small_one_ties(tmp_path):
     assert "| combined | 0.600 ± 0.151 |" in text  # mean and sample std over the 10 users
     assert write_tables(tmp_path) == text and (tmp_path / "table.md").read_text() == text
     assert (tmp_path / "directive-16.png").read_bytes().startswith(b"\x89PNG")  # the curves the table links
+
+
+def test_the_runner_skips_a_run_whose_results_are_committed_and_starts_the_others(tmp_path, monkeypatch):
+    monkeypatch.setattr(rows_module, "DATA", tmp_path)
+    (tmp_path / "users.json").write_text(json.dumps({"evaluation": {"7": ["tone"], "12": ["format"]}}))
+    runs = row_runs("directive-16")
+    # binary RL's results were committed on another machine: its run directory is not here
+    write_row(tmp_path, "directive-16", {"binary_rl": [0.5, 0.25]})
+    saved = json.loads((tmp_path / "runs/directive-16.json").read_text())
+    saved["recipes"]["binary_rl"]["run"] = runs["binary_rl"].path.name
+    (tmp_path / "runs/directive-16.json").write_text(json.dumps(saved))
+    started = []
+
+    def start(run: Run) -> float:  # a learning run is an hour of CPU: the test checks which ones would start
+        started.append(run.name)
+        raise SystemExit("stop after the first run started")
+
+    monkeypatch.setattr(Run, "start", start)
+    try:
+        run_row("directive-16")
+    except SystemExit:
+        pass
+    assert started == ["opd"]
