@@ -12,9 +12,14 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from clawr1.runtime import die_with_parent, stop_processes
+from clawr1.runtime import start_process, stop_processes
 
 TITLE_ROOM = 4096  # bytes of command line a forked loop can show: the server starts with that much argv
+
+
+def send_message(sock: socket.socket, message: dict[str, Any]) -> None:
+    """One message of the channel, either way: a JSON line."""
+    sock.sendall((json.dumps(message) + "\n").encode())
 
 
 class ForkServerGone(RuntimeError):
@@ -26,10 +31,6 @@ def uses_fork_server(enabled: bool) -> bool:
     return enabled and sys.platform == "linux" and not Path("/dev/nvidiactl").exists()
 
 
-def _send(sock: socket.socket, message: dict[str, Any]) -> None:
-    sock.sendall((json.dumps(message) + "\n").encode())
-
-
 class ForkServer:
     """Starts the server process and asks it for loops; see the module's text."""
 
@@ -37,13 +38,9 @@ class ForkServer:
         """preload_modules: what the server imports before it forks; empty: its own PRELOAD."""
         self.log_path = log_path
         ours, theirs = socket.socketpair()
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "clawr1.fork_server", str(theirs.fileno()), ",".join(preload_modules),
-                 " " * TITLE_ROOM],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-                pass_fds=(theirs.fileno(),), preexec_fn=die_with_parent)
+        self.proc = start_process([sys.executable, "-m", "clawr1.fork_server", str(theirs.fileno()),
+                                   ",".join(preload_modules), " " * TITLE_ROOM],
+                                  log_path, env, pass_fds=(theirs.fileno(),))
         theirs.close()
         self.sock = ours
         self.buffer = b""
@@ -66,7 +63,7 @@ class ForkServer:
         request = {"args": args, "env": env, "log": str(log_path.resolve()), "title": title,
                    "cwd": str(cwd) if cwd else None}
         try:
-            _send(self.sock, request)
+            send_message(self.sock, request)
         except OSError:
             raise ForkServerGone(self._gone()) from None
         pid = self._next("pid", 30.0)["pid"]

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from clawr1.fork_client import send_message
 from clawr1.runtime import die_with_parent
 
 PRELOAD = ("numpy", "torch", "transformers", "megatron.core", "clawr1.cli", "clawr1.pool.main",
@@ -76,10 +77,6 @@ def preload(modules: tuple[str, ...]) -> None:
     gc.freeze()
 
 
-def _send(sock: socket.socket, message: dict[str, Any]) -> None:
-    sock.sendall((json.dumps(message) + "\n").encode())
-
-
 def _reap(sock: socket.socket) -> None:
     while True:
         try:
@@ -88,7 +85,7 @@ def _reap(sock: socket.socket) -> None:
             return
         if pid == 0:
             return
-        _send(sock, {"exit": pid, "returncode": os.waitstatus_to_exitcode(status)})
+        send_message(sock, {"exit": pid, "returncode": os.waitstatus_to_exitcode(status)})
 
 
 def serve(sock: socket.socket) -> dict[str, Any]:
@@ -111,7 +108,7 @@ def serve(sock: socket.socket) -> dict[str, Any]:
             if pid == 0:
                 sock.close()
                 return request
-            _send(sock, {"pid": pid})
+            send_message(sock, {"pid": pid})
 
 
 def become_loop(request: dict[str, Any], server_pid: int) -> None:
@@ -157,9 +154,9 @@ def server_main() -> None:
     try:
         preload(modules)
     except ForkUnsafe as e:
-        _send(sock, {"error": str(e)})
+        send_message(sock, {"error": str(e)})
         sys.exit(1)
-    _send(sock, {"ready": len(modules), "cpu_s": round(time.process_time() - started, 2)})
+    send_message(sock, {"ready": len(modules), "cpu_s": round(time.process_time() - started, 2)})
     request = serve(sock)
     become_loop(request, server_pid)
     from clawr1 import cli

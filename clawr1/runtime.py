@@ -121,12 +121,13 @@ def die_with_parent() -> None:
 
 
 def start_process(command: list[str], log_path: Path, env: Optional[dict[str, str]] = None,
-                  dies_with_parent: bool = True, cwd: Optional[Path] = None) -> subprocess.Popen:
-    """A child in its own process group, output appended to `log_path`, no stdin."""
+                  dies_with_parent: bool = True, cwd: Optional[Path] = None,
+                  pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
+    """A child in its own process group, output appended to `log_path`, no stdin; `pass_fds` stay open in it."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True, cwd=cwd,
+                                env=env, start_new_session=True, cwd=cwd, pass_fds=pass_fds,
                                 preexec_fn=die_with_parent if dies_with_parent else None)
 
 

@@ -102,6 +102,7 @@ class Supervisor(RunSkeleton):
         self.config_path = cfg.run_dir / "config.yaml"
         self.pending_restarts: dict[str, tuple[float, list[Loop]]] = {}  # unit -> (when, its loops)
         self.fork_server: Optional[ForkServer] = None
+        self.forks_loops = uses_fork_server(cfg.run.fork_server)  # else each loop is a fresh Python
 
     # ------------------------------------------------------------ plan
     def plan(self) -> list[list[Loop]]:
@@ -149,7 +150,7 @@ class Supervisor(RunSkeleton):
 
     def describe(self) -> str:
         """What `clawr1 run --dry-run` prints: every process, its GPUs and its command."""
-        start = ("forked from the fork server (run.fork_server)" if uses_fork_server(self.cfg.run.fork_server)
+        start = ("forked from the fork server (run.fork_server)" if self.forks_loops
                  else "each a fresh Python")
         lines = [f"run directory: {self.cfg.run_dir}", f"loops start: {start}"]
         for wave, loops in enumerate(self.plan(), 1):
@@ -182,7 +183,7 @@ class Supervisor(RunSkeleton):
         loop.log_path = self.cfg.run_dir / "logs" / f"{loop.name}.log"
         env = {**os.environ, **loop.env, "PYTHONUNBUFFERED": "1", "CLAWR1_LOOP_NAME": loop.name}
         args = [loop.command, "--config", str(self.config_path), *loop.args]
-        if uses_fork_server(self.cfg.run.fork_server):
+        if self.forks_loops:
             try:
                 loop.proc = self._fork_server().spawn(args, env, loop.log_path)
             except ForkServerGone as e:
@@ -363,7 +364,6 @@ def refuse_if_in_use(run_dir: Path) -> None:
 
 def hold_run_lock(run_dir: Path) -> None:
     """Take RUN_DIR/run.lock (flock, released by the kernel when this process exits, even on kill -9)."""
-    refuse_if_in_use(run_dir)
     if run_dir.resolve() in _held_locks:
         return
     f = open(run_dir / "run.lock", "a+")
