@@ -6,6 +6,7 @@ recipe, gets new directories instead of silently reporting another sweep's runs.
 config field, even one left at its default, renames every run, so runs made before it are run again, unless it
 is listed in NEUTRAL_DEFAULTS: a field added later whose default makes a run do exactly what it did before the
 field existed is left out of the hash while it holds that default (each entry is a reviewed claim, not a rule).
+A renamed field (RENAMED_FIELDS) is hashed under its old name.
 """
 from __future__ import annotations
 
@@ -28,11 +29,15 @@ from clawr1.config import load_config  # noqa: E402
 NEUTRAL_DEFAULTS = {("algo", "balance"): "none", ("serve", "device"): "cpu", ("serve", "sglang", "device"): "auto",
                     ("tinker", "session_ttl_s"): 45.0, ("lora", "max_rank"): 0, ("gateway", "engine_wait_s"): 30.0,
                     ("run", "fork_server"): True}
+# a field renamed since -> its name when earlier runs were made: hashed under that name, so those runs keep theirs
+RENAMED_FIELDS = {("algo", "step_max_staleness"): ("algo", "max_staleness")}
 
 
 def settings_hash(recipe: Path, overrides: list[str]) -> str:
     cfg = load_config(recipe, list(overrides)).model_dump(mode="json")
     cfg["run"].pop("dir", None)
+    for (section, field), (old_section, old_field) in RENAMED_FIELDS.items():
+        cfg[old_section][old_field] = cfg[section].pop(field)
     for (*sections, field), neutral in NEUTRAL_DEFAULTS.items():
         where = cfg
         for section in sections:

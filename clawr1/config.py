@@ -408,8 +408,10 @@ class PoolConfig(Section):
                                "port.")
     batches_port: Port = Field(0, description="Trainer <-> pool; 0: `clawr1 run` picks a free port.")
     batch_size: PositiveInt = Field(16, description="Samples per training batch (one trainer step).")
-    max_staleness: NonNegativeInt = Field(4, description="Drop samples whose oldest token is older than this many "
-                                          "versions.")
+    max_staleness: NonNegativeInt = Field(4, description="The pool's bound, when it makes a batch: drop samples "
+                                          "whose oldest token is more than this many versions behind the trainer's "
+                                          "newest version (the trainer's own bound at each step: "
+                                          "algo.step_max_staleness).")
     fsync: bool = Field(True, description="Make every write durable (fsync) before acknowledging it; false: faster, "
                         "but a machine crash can lose acknowledged samples.")
     max_pending: PositiveInt = Field(100_000, description="Refuse (nack, retry later) new samples beyond this "
@@ -546,8 +548,10 @@ class AlgoConfig(Section):
     # off-policy correction
     tis_cap: NonNegativeFloat = Field(2.0, description="Truncated importance sampling cap on pi_old/pi_rollout; 0: "
                                       "off.")
-    max_staleness: typing.Annotated[int, Field(ge=-1)] = Field(-1, description="The trainer also drops samples older "
-                                                               "than this; -1: leave it to the pool.")
+    step_max_staleness: typing.Annotated[int, Field(ge=-1)] = Field(
+        -1, description="The trainer's own bound, at each step: drop samples whose oldest token is more than this "
+        "many versions behind the version the step trains (a batch may wait in the trainer after the pool made it "
+        "under pool.max_staleness); -1: off, the pool's bound only.")
 
     @model_validator(mode="after")
     def _dual_clip_above_one(self) -> "AlgoConfig":
@@ -944,6 +948,10 @@ class Config(Section):
         return f"tcp://{host}:{self.gateway.acks_port}"
 
 
+# keys renamed since they were introduced -> their names now: an old recipe gets the new name in its error
+RENAMED_KEYS = {"algo.max_staleness": "algo.step_max_staleness"}
+
+
 class ConfigError(ValueError):
     """A config file or override that does not fit the tree."""
 
@@ -974,6 +982,8 @@ def _describe(error: dict) -> str:
     loc = tuple(error["loc"])
     where = ".".join(str(p) for p in loc) or "config"
     kind, value = error["type"], error.get("input")
+    if kind == "extra_forbidden" and where in RENAMED_KEYS:
+        return f"{where} is now {RENAMED_KEYS[where]}"
     if kind == "extra_forbidden":
         section = _section_at(loc)
         known = sorted(section.model_fields) if section else []

@@ -27,6 +27,12 @@ def test_unknown_key_is_an_error_naming_its_path_and_the_closest_key():
         load_config(None, ["bogus_section.x=1"])
 
 
+def test_a_renamed_key_is_an_error_naming_its_new_name():
+    with pytest.raises(ConfigError, match=r"^algo.max_staleness is now algo.step_max_staleness$"):
+        load_config(None, ["algo.max_staleness=2"])
+    assert load_config(None, ["algo.step_max_staleness=2"]).algo.step_max_staleness == 2
+
+
 @pytest.mark.parametrize("override, message", [
     ("trainer.weight_sync=bogus", "trainer.weight_sync: 'bogus' is not allowed; choose one of: disk, http, nccl"),
     ("judge.backend=gpt", "judge.backend: 'gpt' is not allowed; choose one of: rules, llm, env"),

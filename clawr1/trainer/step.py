@@ -118,8 +118,8 @@ def plan_batch(samples: list[Sample], algo: AlgoConfig, trainer_version: int, ba
                slots: int = 1) -> tuple[BatchPlan, dict[str, float]]:
     """Drop stale samples and samples of slots past `slots`; the scalar-reward advantages of the rest."""
     staleness = Counter(trainer_version - min(s.versions) for s in samples)
-    fresh = [s for s in samples
-             if algo.max_staleness < 0 or s.ingested or trainer_version - min(s.versions) <= algo.max_staleness]
+    bound = algo.step_max_staleness
+    fresh = [s for s in samples if bound < 0 or s.ingested or trainer_version - min(s.versions) <= bound]
     kept = [s for s in fresh if s.adapter_slot < slots]
     advantages, baselines = rl_sample_advantages(kept, algo, baselines)
     plan = BatchPlan(kept, advantages, len(samples) - len(fresh), staleness, len(fresh) - len(kept))

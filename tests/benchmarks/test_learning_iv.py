@@ -100,3 +100,13 @@ def test_the_runner_skips_a_run_whose_results_are_committed_and_starts_the_other
     except SystemExit:
         pass
     assert started == ["opd"]
+
+
+def test_every_committed_run_has_the_name_the_runner_gives_it_now():
+    """A config change that renames a committed run (a new field not listed in benchmarks/run_cache.py's
+    NEUTRAL_DEFAULTS, a renamed one not in RENAMED_FIELDS) would make the runner train it again."""
+    for path in sorted((DATA / "runs").glob("*.json")):
+        saved = json.loads(path.read_text())
+        runs = row_runs(saved["row"])
+        for name, result in saved["recipes"].items():
+            assert result["run"] == runs[name].path.name, f"{path.name}: {name} is now {runs[name].path.name}"

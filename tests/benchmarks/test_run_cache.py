@@ -42,3 +42,13 @@ def test_a_nested_field_at_its_neutral_default_is_left_out_of_the_hash(monkeypat
     monkeypatch.setattr(run_cache, "NEUTRAL_DEFAULTS", {k: v for k, v in run_cache.NEUTRAL_DEFAULTS.items()
                                                         if k != ("serve", "sglang", "device")})
     assert settings_hash(RECIPE, []) != kept
+
+
+def test_a_renamed_field_is_hashed_under_its_old_name(monkeypatch):
+    """algo.step_max_staleness was algo.max_staleness: runs made before the rename keep their names."""
+    from benchmarks import run_cache
+
+    kept = settings_hash(RECIPE, ["algo.step_max_staleness=2"])
+    assert kept != settings_hash(RECIPE, [])
+    monkeypatch.setattr(run_cache, "RENAMED_FIELDS", {})
+    assert settings_hash(RECIPE, ["algo.step_max_staleness=2"]) != kept

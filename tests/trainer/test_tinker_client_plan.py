@@ -87,7 +87,7 @@ def test_the_sdks_wire_encoding_decodes_back_to_the_planned_tokens_logprobs_and_
 def test_a_stale_sample_is_dropped_before_it_becomes_a_datum():
     samples = batch()
     samples[0].versions, samples[2].versions = [2] * 6, [2, 2]
-    algo = ALGO.model_copy(update={"max_staleness": 1})
+    algo = ALGO.model_copy(update={"step_max_staleness": 1})
     plan, _ = plan_batch(samples, algo, trainer_version=2, baselines={})
     assert plan.dropped_stale == 1 and [d.sample_id for d in planned_datums(plan, algo)[0]] == ["a", "c"]
     plan, _ = plan_batch(samples, algo, trainer_version=4, baselines={})
