@@ -18,7 +18,8 @@ from pydantic import ValidationError
 from clawr1.config import GatewayConfig
 from clawr1.gateway.openai_types import (ChatCompletionRequest, CompleteRequest, FeedbackRequest, IngestRequest,
                                          ScoreRequest, error_body)
-from clawr1.gateway.service import Gateway, GatewayError, TurnContext
+from clawr1.gateway.errors import GatewayError
+from clawr1.gateway.service import Gateway, TurnContext
 
 OPEN_PATHS = {"/health"}
 PLAYGROUND_PATH = "/playground"

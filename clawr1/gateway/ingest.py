@@ -17,16 +17,25 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import msgspec
 
-from clawr1.gateway.openai_types import TurnFeedback
+from clawr1.chat import ChatRenderer, ChatTemplateError
+from clawr1.engine_api.client import EngineError
+from clawr1.gateway.errors import GatewayError, PromptLimits, engine_failure
+from clawr1.gateway.judge_link import JudgeLink
+from clawr1.gateway.metrics import Metrics
+from clawr1.gateway.openai_types import IngestRequest, TurnFeedback
+from clawr1.gateway.router import EngineRouter, NoEngineError
 from clawr1.gateway.sessions import next_state_from
 from clawr1.record_log import RecordLog
-from clawr1.protocol import NextState
+from clawr1.protocol import NextState, TurnRecord
+
+QUEUE_WAIT_S = 30.0  # an ingest request waits this long for room in the judge queue, then gets a 503
 
 
 class IngestedTurn(msgspec.Struct):
@@ -93,3 +102,79 @@ class IngestLedger:
 
     def close(self) -> None:
         self.log.close()
+
+
+class Ingester:
+    """`POST /v1/ingest`: every assistant turn of a logged conversation to the judge, with what followed it."""
+
+    def __init__(self, run_dir: Path, renderer: ChatRenderer, router: EngineRouter, limits: PromptLimits,
+                 judge: JudgeLink, metrics: Metrics):
+        self.run_dir, self.renderer, self.router, self.limits = run_dir, renderer, router, limits
+        self.judge, self.metrics = judge, metrics
+        self.ledger: Optional[IngestLedger] = None  # opened on first use (a run that ingests nothing has none)
+
+    async def ingest(self, req: IngestRequest) -> dict:
+        """Counts and reasons: {"conversation_id", "session_id", "turns", "ingested", "duplicates", "skipped"}."""
+        if self.ledger is None:
+            self.ledger = IngestLedger(self.run_dir)
+        messages = [m.as_dict() for m in req.messages]
+        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+        conversation = content_id(req.session_id, messages, tools)
+        session = f"ingest-{req.session_id or conversation}"
+        turns = logged_turns(messages, tools, session, req.feedback, req.reward)
+        out: dict = {"conversation_id": conversation, "session_id": session, "turns": len(turns), "ingested": 0,
+                     "duplicates": 0, "skipped": []}
+        added = []
+        try:
+            for turn in turns:
+                reason = await self._ingest_turn(turn, session, tools)
+                if reason == "":
+                    added.append(turn.turn_id)
+                elif reason == "duplicate":
+                    out["duplicates"] += 1
+                else:
+                    why, _, detail = reason.partition(": ")
+                    out["skipped"].append({"turn": turn.index, "reason": why, "detail": detail})
+        finally:  # what was queued stays queued, also when a later turn fails: a retry adds only the rest
+            self.ledger.add(added)
+            self.metrics.inc("ingested_turns", len(added), help="turns of pre-collected logs sent to the judge")
+        out["ingested"] = len(added)
+        return out
+
+    def close(self) -> None:
+        if self.ledger is not None:
+            self.ledger.close()
+
+    async def _ingest_turn(self, turn: LoggedTurn, session: str, tools: Optional[list[dict]]) -> str:
+        """Queue one logged turn for the judge; "" when queued, else why not ("duplicate" or a reason to skip)."""
+        if turn.turn_id in self.ledger:
+            return "duplicate"
+        if not turn.prompt_messages:
+            return "no prompt before it"
+        if turn.next_state is None:
+            return "no next state"
+        try:
+            prompt = self.renderer.encode_messages(turn.prompt_messages, tools=tools)
+            response = self.renderer.reply_ids(turn.prompt_messages, turn.reply, tools)
+        except ChatTemplateError as e:
+            return f"not renderable: {e}"
+        if not self.limits.fits(prompt, response):
+            return f"over the context limit: {len(prompt)} + {len(response)} tokens"
+        try:
+            scored = await self.router.call(session, lambda e: e.score(prompt + response, first_scored=len(prompt)))
+        except NoEngineError as e:
+            raise GatewayError(503, str(e), "engine_unavailable") from None
+        except EngineError as e:
+            if 400 <= e.status < 500:
+                return f"over the context limit: the engine refused it ({str(e)[:200]})"
+            raise engine_failure(e) from None
+        now = time.time()
+        record = TurnRecord(
+            session_id=session, turn_index=turn.index, prompt_ids=prompt, response_ids=response,
+            rollout_logprobs=scored.prompt_logprobs, versions=[scored.weight_version] * len(response), temperature=1.0,
+            messages=turn.prompt_messages, tools=tools, response_text=str(turn.reply.get("content") or ""),
+            finish_reason="stop", next_state=turn.next_state, created_at=now, sent_at=now, ingested=True)
+        if not await self.judge.put(record, QUEUE_WAIT_S):  # the outbox sends it later; a retry is a duplicate
+            raise GatewayError(503, f"the judge queue stayed full for {QUEUE_WAIT_S:.0f}s; retry later",
+                               "judge_busy", code="judge_busy")
+        return ""

@@ -25,7 +25,7 @@ def main(cfg: Config) -> int:
     gateway = Gateway(cfg, tokenizer, judge_addr=cfg.judge_turns_addr, model_type=model.model_type,
                       end_ids=model.end_ids)
     model_max = model.max_position_embeddings
-    gateway.max_context = (cfg.serve.sglang.context_length or model_max if cfg.serve.backend == "sglang"
+    gateway.limits.max_context = (cfg.serve.sglang.context_length or model_max if cfg.serve.backend == "sglang"
                            else engine_context(model_max, cfg.serve.context_length))
     log.info("chat template: tool calls %s, reasoning %s; not prefix-stable for: %s", gateway.tool_call_format,
              "parsed" if gateway.parses_reasoning else "not parsed",

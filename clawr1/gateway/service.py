@@ -4,8 +4,8 @@ For every request: render the prompt (extending the session's recorded ids),
 generate on an engine (one request per choice), read reasoning and tool calls
 out of the exact sampled ids, answer in OpenAI's shape, and leave each sampled
 turn pending in its session until what follows it arrives. Then the turn's
-`TurnRecord` goes to the judge over ZeroMQ (a bounded queue; overflow is
-counted, never silent).
+`TurnRecord` goes to the judge (clawr1/gateway/judge_link.py). `score` and
+`ingest` are handlers of their own (clawr1/gateway/score.py, clawr1/gateway/ingest.py).
 """
 from __future__ import annotations
 
@@ -23,25 +23,21 @@ from clawr1.chat import ChatRenderer, ChatTemplateError
 from clawr1.config import Config
 from clawr1.engine_api.client import EngineError, Generation, joined
 from clawr1.gateway.adapters import AdapterRouting
-from clawr1.gateway.ingest import IngestLedger, content_id, logged_turns
+from clawr1.gateway.errors import GatewayError, PromptLimits, engine_failure
+from clawr1.gateway.ingest import Ingester
+from clawr1.gateway.judge_link import JudgeLink
 from clawr1.gateway.logprobs import TokenText, openai_logprobs
 from clawr1.gateway.metrics import Metrics
-from clawr1.gateway.outbox import SYNC_EVERY_S as OUTBOX_SYNC_EVERY_S, Outbox
 from clawr1.gateway.openai_types import (ChatCompletionRequest, IngestRequest, ScoreRequest, chat_completion, chunk,
                                          completion_id)
 from clawr1.gateway.parsers import ParsedOutput, StreamSplitter, default_tool_call_format, parse_output
 from clawr1.gateway.router import EngineRouter, NoEngineError
+from clawr1.gateway.score import Scorer
 from clawr1.gateway.sessions import SEGMENTS_PER_START, Session, SessionStore, canonical, next_start
-from clawr1.protocol import JudgeHello, NextState, TurnAck, TurnRecord, WeightsPublished, turn_key
+from clawr1.protocol import NextState, TurnRecord, WeightsPublished, turn_key
 from clawr1.tracking import MetricsWriter, RunStatus
 
 log = logging.getLogger("clawr1.gateway")
-
-
-class GatewayError(Exception):
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", code: Optional[str] = None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.code = status, message, type_, code
 
 
 class SessionLocks:
@@ -116,7 +112,6 @@ class Choice:
 MAX_CONTINUATIONS = 3  # an aborted generation is continued at most this many times
 ADAPTER_TRIES = 3  # an engine call whose adapter version was unloaded meanwhile goes out again at most this often
 ADAPTER_WAIT_S = 1.0  # ... each time after waiting this long at most for the trainer's next version
-INGEST_QUEUE_WAIT_S = 30.0  # an ingest request waits this long for room in the judge queue, then gets a 503
 REPORT_EVERY_S = 5.0  # the gateway's counters go to metrics.jsonl this often
 
 
@@ -139,9 +134,11 @@ class Gateway:
         self.publish_addr = cfg.publish_addr
         self.sessions = SessionStore(self.renderer, self.cfg.max_sessions, self.cfg.session_ttl_s,
                                      self.cfg.max_session_tokens, cfg.model.on_template_break)
-        self.judge_addr = judge_addr
-        self.judge_queue: asyncio.Queue[TurnRecord] = asyncio.Queue(maxsize=self.cfg.judge_queue_size)
         self.metrics = Metrics()
+        self.judge = JudgeLink(self.cfg, self.run_dir, judge_addr, self.metrics)
+        self.limits = PromptLimits(self.cfg.max_prompt_tokens)
+        self.scorer = Scorer(self.renderer, self.router, self.limits)
+        self.ingester = Ingester(self.run_dir, self.renderer, self.router, self.limits, self.judge, self.metrics)
         self.metrics.gauge("sessions_open", lambda: len(self.sessions.sessions), "sessions with state in memory")
         self.metrics.gauge("session_tokens", lambda: self.sessions.tokens, "token ids held by sessions")
         self.metrics.gauge("judge_queue_depth", lambda: self.judge_queue.qsize(), "TurnRecords waiting for the judge")
@@ -154,13 +151,8 @@ class Gateway:
         self._tasks: list[asyncio.Task] = []
         self.eos_ids = set(self.renderer.end_ids) | set(end_ids)
         self.weight_version = 0  # the newest version that produced a token served here
-        self.max_context = 0  # the engine's context length, when known (gateway main works it out from the config)
         self.run_status = RunStatus(self.run_dir)
-        self.ingest_ledger: Optional[IngestLedger] = None  # opened on first use (a run that ingests nothing has none)
         self.metrics_writer: Optional[MetricsWriter] = None  # from start(): the gateway's records in metrics.jsonl
-        self.outbox: Optional[Outbox] = Outbox(self.run_dir / "gateway" / "outbox.log",
-                                                 self.cfg.outbox_rewrite_after) if self.cfg.outbox else None
-        self.acks_bind = f"tcp://{self.cfg.host}:{self.cfg.acks_port}" if self.outbox and judge_addr else ""
         # a restarted gateway's new sessions must not reuse the ids (session/segment/turn) of the old one's turns
         self.sessions.segment_base = SEGMENTS_PER_START * next_start(self.run_dir / "gateway" / "starts")
 
@@ -168,19 +160,16 @@ class Gateway:
     def sessions_file(self) -> Path:
         return self.run_dir / "gateway" / "sessions.bin"
 
+    @property
+    def judge_queue(self) -> "asyncio.Queue[TurnRecord]":
+        return self.judge.queue
+
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         if self.sessions_file.exists():
             log.info("took back %d sessions a stopped gateway saved", self.sessions.load(self.sessions_file))
         self.metrics_writer = MetricsWriter(self.run_dir, "gateway")
-        if self.outbox is not None:
-            self._recover_outbox()
-            self._tasks.append(asyncio.create_task(self._sync_outbox()))
-        if self.judge_addr:
-            self._tasks.append(asyncio.create_task(self._send_to_judge()))
-            if self.acks_bind:
-                self._tasks.append(asyncio.create_task(self._receive_acks()))
-                self._tasks.append(asyncio.create_task(self._resend_unacknowledged()))
+        self._tasks += self.judge.start({turn_key(r) for s in self.sessions.sessions.values() for r in s.pending()})
         self._tasks.append(asyncio.create_task(self._expire_sessions()))
         self._tasks.append(asyncio.create_task(self.router.watch_health()))
         if self.adapters.enabled:
@@ -189,18 +178,14 @@ class Gateway:
 
     async def stop(self) -> None:
         """Hand the queued turns to the judge, and keep the sessions (with their pending turns) for a resumed run."""
-        deadline = time.monotonic() + 5
-        while not self.judge_queue.empty() and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await self.judge.drain(5.0)
         saved = self.sessions.save(self.sessions_file)
         log.info("saved %d sessions to %s", saved, self.sessions_file)
         for t in self._tasks:
             t.cancel()
         self._write_report()
-        if self.ingest_ledger is not None:
-            self.ingest_ledger.close()
-        if self.outbox is not None:
-            self.outbox.close()
+        self.ingester.close()
+        self.judge.close()
         await self.router.close()
 
     async def _follow_adapters(self) -> None:
@@ -232,9 +217,8 @@ class Gateway:
             "turns_sent": c["turns_sent"][()], "turns_dropped": c["turns_dropped"][()],
             "prefix_breaks": self.sessions.prefix_breaks, "template_breaks": self.sessions.template_breaks,
             "malformed_tool_calls": c["malformed_tool_calls"][()], "sessions_open": len(self.sessions.sessions),
-            "session_tokens": self.sessions.tokens, "judge_queue_depth": self.judge_queue.qsize(),
-            "weight_version": self.weight_version, "turns_resent": c["turns_resent"][()],
-            **(self.outbox.counts() if self.outbox is not None else {}),
+            "session_tokens": self.sessions.tokens, "weight_version": self.weight_version,
+            "turns_resent": c["turns_resent"][()], **self.judge.counts(),
         }
 
     def status(self) -> dict:
@@ -251,79 +235,6 @@ class Gateway:
             "sessions_open": len(self.sessions.sessions), "engines_healthy": sum(self.router.healthy),
         }
 
-    # ------------------------------------------------------------ the outbox (exactly once, served to trained)
-    def _recover_outbox(self) -> None:
-        """Queue what the outbox holds unacknowledged; turns whose session died with an earlier gateway get the
-        next state "none" (no signal), so each is still accounted for."""
-        live = {turn_key(r) for s in self.sessions.sessions.values() for r in s.pending()}
-        orphans = self.outbox.orphans(live)
-        due = self.outbox.due(0.0)
-        for record in due:
-            self._queue(record)
-        if due:
-            log.info("outbox: %d unacknowledged turns sent to the judge again (%d of them orphaned by a stopped "
-                     "gateway)", len(due), len(orphans))
-
-    def _queue(self, record: TurnRecord) -> bool:
-        """Put a turn on the judge queue; False when it is full (with the outbox, it is sent again later)."""
-        try:
-            self.judge_queue.put_nowait(record)
-        except asyncio.QueueFull:
-            return False
-        if self.outbox is not None:
-            self.outbox.mark_sent(record)
-        return True
-
-    async def _receive_acks(self) -> None:
-        sock = bus.pull_socket(self.acks_bind, asyncio=True)
-        try:
-            while True:
-                try:
-                    msg = protocol.decode(await sock.recv_multipart())
-                except protocol.SchemaMismatch as e:
-                    log.error("ignored a message on the acknowledgement socket: %s", e)
-                    continue
-                if isinstance(msg, TurnAck):
-                    self.outbox.ack(msg)
-                elif isinstance(msg, JudgeHello):  # a (re)started judge: whatever the old one held is lost
-                    for record in self.outbox.due(0.0):
-                        self._resend(record)
-        finally:
-            sock.close(0)
-
-    async def _resend_unacknowledged(self) -> None:
-        while True:
-            await asyncio.sleep(min(5.0, self.cfg.outbox_resend_s / 4))
-            for record in self.outbox.due(self.cfg.outbox_resend_s):
-                if not self._resend(record):
-                    break
-
-    def _resend(self, record: TurnRecord) -> bool:
-        queued = self._queue(record)
-        if queued:
-            self.metrics.inc("turns_resent", help="unacknowledged TurnRecords sent to the judge again")
-        return queued
-
-    async def _sync_outbox(self) -> None:
-        while True:
-            await asyncio.sleep(OUTBOX_SYNC_EVERY_S)
-            self.outbox.sync()
-
-    async def _send_to_judge(self) -> None:
-        sock = bus.push_socket(self.judge_addr, asyncio=True)
-        try:
-            while True:
-                record = await self.judge_queue.get()
-                try:
-                    frames = protocol.encode(record)
-                except (UnicodeEncodeError, OverflowError):  # a client's JSON msgpack cannot hold (no outbox caught it)
-                    protocol.make_encodable(record)
-                    frames = protocol.encode(record)
-                await sock.send_multipart(frames)
-                self.metrics.inc("turns_sent", help="TurnRecords delivered to the judge")
-        finally:
-            sock.close(linger=2000)
-
     async def _expire_sessions(self) -> None:
         while True:
             await asyncio.sleep(min(5.0, self.cfg.session_ttl_s / 2))
@@ -338,12 +249,7 @@ class Gateway:
         for record, next_state in outcomes:
             record.next_state = next_state
             record.sent_at = time.time()
-            if self.outbox is not None:
-                self.outbox.next_state(record)
-            if not self._queue(record) and self.outbox is None:
-                self.metrics.inc("turns_dropped", help="TurnRecords dropped because the judge queue was full")
-                log.warning("judge queue full (%d): dropped turn %s/%d", self.judge_queue.qsize(), record.session_id,
-                            record.turn_index)
+            self.judge.send(record)
         self.sessions.release(session, [r for r, _ in outcomes])
 
     # ------------------------------------------------------------ generation
@@ -367,15 +273,6 @@ class Gateway:
         if gen.matched_stop and gen.matched_stop in text:
             text = text[: text.index(gen.matched_stop)]
         return text
-
-    def _checked_prompt(self, prompt: list[int]) -> list[int]:
-        if len(prompt) > self.cfg.max_prompt_tokens:
-            raise GatewayError(400, f"the conversation is {len(prompt)} tokens; the limit is {self.cfg.max_prompt_tokens}",
-                               code="context_length_exceeded")
-        if self.max_context and len(prompt) >= self.max_context:
-            raise GatewayError(400, f"the conversation is {len(prompt)} tokens; the engine's context is "
-                                    f"{self.max_context} (serve.context_length)", code="context_length_exceeded")
-        return prompt
 
     async def _engine_generate(self, key: str, prompt: list[int], params: dict, top_k: int,
                                slot: Optional[int]) -> Generation:
@@ -608,104 +505,11 @@ class Gateway:
         self._emit(session, [(r, NextState(kind="outcome", text=text, reward=reward, done=done)) for r in session.pending()])
         return True
 
-
-    # ------------------------------------------------------------ scoring (probes of the teacher)
     async def score(self, req: ScoreRequest) -> dict:
-        """Each response token's log-prob under the current policy, with the hint spliced in as the judge does.
+        return await self.scorer.score(req)
 
-        The response is tokenized from text (this is a measurement, never training data)."""
-        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
-        try:
-            prompt = self.renderer.encode_messages([m.as_dict() for m in req.messages], tools=tools,
-                                                   template_kwargs=req.chat_template_kwargs)
-        except ChatTemplateError as e:
-            raise GatewayError(400, str(e), code="chat_template_error") from None
-        if req.hint:
-            try:
-                prompt = self.renderer.with_hint(prompt, req.hint)
-            except ValueError as e:
-                raise GatewayError(400, f"cannot place the hint: {e}") from None
-        response = self.renderer.encode_text(req.response) + [self.renderer.turn_end_id]
-        self._checked_prompt(prompt)
-        key = f"score-{completion_id()}"
-        try:
-            scored = await self.router.call(key, lambda e: e.score(prompt + response, first_scored=len(prompt),
-                                                                   temperature=req.temperature))
-        except NoEngineError as e:
-            raise GatewayError(503, str(e), "engine_unavailable") from None
-        except EngineError as e:
-            raise engine_failure(e) from None
-        return {"logprobs": scored.prompt_logprobs, "tokens": len(response), "weight_version": scored.weight_version,
-                "temperature": req.temperature}
-
-    # ------------------------------------------------------------ pre-collected logs (clawr1/gateway/ingest.py)
     async def ingest(self, req: IngestRequest) -> dict:
-        """Every assistant turn of a logged conversation to the judge, with what followed it; counts and reasons."""
-        if self.ingest_ledger is None:
-            self.ingest_ledger = IngestLedger(self.run_dir)
-        messages = [m.as_dict() for m in req.messages]
-        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
-        conversation = content_id(req.session_id, messages, tools)
-        session = f"ingest-{req.session_id or conversation}"
-        turns = logged_turns(messages, tools, session, req.feedback, req.reward)
-        out: dict = {"conversation_id": conversation, "session_id": session, "turns": len(turns), "ingested": 0,
-                     "duplicates": 0, "skipped": []}
-        added = []
-        try:
-            for turn in turns:
-                reason = await self._ingest_turn(turn, session, tools)
-                if reason == "":
-                    added.append(turn.turn_id)
-                elif reason == "duplicate":
-                    out["duplicates"] += 1
-                else:
-                    why, _, detail = reason.partition(": ")
-                    out["skipped"].append({"turn": turn.index, "reason": why, "detail": detail})
-        finally:  # what was queued stays queued, also when a later turn fails: a retry adds only the rest
-            self.ingest_ledger.add(added)
-            self.metrics.inc("ingested_turns", len(added), help="turns of pre-collected logs sent to the judge")
-        out["ingested"] = len(added)
-        return out
-
-    async def _ingest_turn(self, turn, session: str, tools: Optional[list[dict]]) -> str:
-        """Queue one logged turn for the judge; "" when queued, else why not ("duplicate" or a reason to skip)."""
-        if turn.turn_id in self.ingest_ledger:
-            return "duplicate"
-        if not turn.prompt_messages:
-            return "no prompt before it"
-        if turn.next_state is None:
-            return "no next state"
-        try:
-            prompt = self.renderer.encode_messages(turn.prompt_messages, tools=tools)
-            response = self.renderer.reply_ids(turn.prompt_messages, turn.reply, tools)
-        except ChatTemplateError as e:
-            return f"not renderable: {e}"
-        if len(prompt) > self.cfg.max_prompt_tokens or (self.max_context and len(prompt) + len(response) > self.max_context):
-            return f"over the context limit: {len(prompt)} + {len(response)} tokens"
-        try:
-            scored = await self.router.call(session, lambda e: e.score(prompt + response, first_scored=len(prompt)))
-        except NoEngineError as e:
-            raise GatewayError(503, str(e), "engine_unavailable") from None
-        except EngineError as e:
-            if 400 <= e.status < 500:
-                return f"over the context limit: the engine refused it ({str(e)[:200]})"
-            raise engine_failure(e) from None
-        now = time.time()
-        record = TurnRecord(
-            session_id=session, turn_index=turn.index, prompt_ids=prompt, response_ids=response,
-            rollout_logprobs=scored.prompt_logprobs, versions=[scored.weight_version] * len(response), temperature=1.0,
-            messages=turn.prompt_messages, tools=tools, response_text=str(turn.reply.get("content") or ""),
-            finish_reason="stop", next_state=turn.next_state, created_at=now, sent_at=now, ingested=True)
-        if self.outbox is not None:
-            self.outbox.next_state(record)  # logs the turn and its next state
-        try:
-            await asyncio.wait_for(self.judge_queue.put(record), INGEST_QUEUE_WAIT_S)
-        except asyncio.TimeoutError:  # the outbox sends it later; the client's retry is a harmless duplicate
-            raise GatewayError(503, f"the judge queue stayed full for {INGEST_QUEUE_WAIT_S:.0f}s; retry later",
-                               "judge_busy", code="judge_busy") from None
-        if self.outbox is not None:
-            self.outbox.mark_sent(record)
-        return ""
+        return await self.ingester.ingest(req)
 
 
 class _Turn:
@@ -730,7 +534,7 @@ class _Turn:
         gw.metrics.inc("requests", help="chat completion requests", kind=kind)
         if self.ctx.side:
             try:
-                self.prompt = gw._checked_prompt(gw.renderer.encode_messages(self.messages, tools=self.tools,
+                self.prompt = gw.limits.check(gw.renderer.encode_messages(self.messages, tools=self.tools,
                                                                              template_kwargs=self.template_kwargs))
             except ChatTemplateError as e:
                 raise GatewayError(400, str(e), code="chat_template_error") from None
@@ -746,7 +550,7 @@ class _Turn:
                                                            self.template_kwargs)
                 except ChatTemplateError as e:
                     raise GatewayError(400, str(e), code="chat_template_error") from None
-                self.prompt = gw._checked_prompt(self.rendered[0].ids)
+                self.prompt = gw.limits.check(self.rendered[0].ids)
                 gw._emit(self.session, self.rendered[1])
             except BaseException:
                 await self.__aexit__()
@@ -771,8 +575,7 @@ class _Turn:
                 adapter=c.gen.lora_path or "", adapter_slot=gw.adapters.trained_slot(self.slot))
             s.turns += 1
             replies.append((c.history_message(), c.gen.output_ids, record))
-            if gw.outbox is not None:
-                gw.outbox.served_turn(record)
+            gw.judge.served(record)
         gw.sessions.record(s, self.messages, self.tools, replies, self.rendered[0], self.asked)
         gw.metrics.inc("main_turns", len(choices), help="turns recorded for training")
         gw._evict()
@@ -790,13 +593,6 @@ def sampled_temperature(req: ChatCompletionRequest) -> float:
     """The temperature a turn's log-probs were taken at: the request's, or 1 (the default, and greedy decoding's)."""
     t = 1.0 if req.temperature is None else req.temperature
     return t if t >= 1e-6 else 1.0
-
-
-def engine_failure(e: EngineError) -> GatewayError:
-    """An engine's 4xx means the request cannot be served (e.g. longer than the context): the client's 400."""
-    if 400 <= e.status < 500:
-        return GatewayError(400, f"the engine refused the request: {e}", code="engine_rejected")
-    return GatewayError(502, f"the engine failed: {e}", "engine_error")
 
 
 def _top_k(req: ChatCompletionRequest) -> int:

@@ -1,0 +1,45 @@
+"""What the gateway answers when a request cannot be served: an OpenAI-shaped error with its HTTP status, and the
+prompt limits every endpoint that renders a prompt checks."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from clawr1.engine_api.client import EngineError
+
+
+class GatewayError(Exception):
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", code: Optional[str] = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.code = status, message, type_, code
+
+
+def engine_failure(e: EngineError) -> GatewayError:
+    """An engine's 4xx means the request cannot be served (e.g. longer than the context): the client's 400."""
+    if 400 <= e.status < 500:
+        return GatewayError(400, f"the engine refused the request: {e}", code="engine_rejected")
+    return GatewayError(502, f"the engine failed: {e}", "engine_error")
+
+
+@dataclass
+class PromptLimits:
+    """How many tokens a prompt may hold: gateway.max_prompt_tokens, and below the engine's context length
+    (max_context: 0 while unknown; `clawr1 gateway` works it out from the config)."""
+
+    max_prompt_tokens: int
+    max_context: int = 0
+
+    def check(self, prompt: list[int]) -> list[int]:
+        """The prompt, or the client's 400 naming the limit it passes."""
+        if len(prompt) > self.max_prompt_tokens:
+            raise GatewayError(400, f"the conversation is {len(prompt)} tokens; the limit is {self.max_prompt_tokens}",
+                               code="context_length_exceeded")
+        if self.max_context and len(prompt) >= self.max_context:
+            raise GatewayError(400, f"the conversation is {len(prompt)} tokens; the engine's context is "
+                                    f"{self.max_context} (serve.context_length)", code="context_length_exceeded")
+        return prompt
+
+    def fits(self, prompt: list[int], response: list[int]) -> bool:
+        """Whether a logged turn (prompt and reply together) is within both limits."""
+        return len(prompt) <= self.max_prompt_tokens and not (
+            self.max_context and len(prompt) + len(response) > self.max_context)

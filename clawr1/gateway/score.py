@@ -1,0 +1,41 @@
+"""`POST /v1/score`, a probe of the teacher: each response token's log-prob under the current policy, with the
+hint spliced in as the judge does. The response is tokenized from text: this is a measurement, never training
+data."""
+from __future__ import annotations
+
+from clawr1.chat import ChatRenderer, ChatTemplateError
+from clawr1.engine_api.client import EngineError
+from clawr1.gateway.errors import GatewayError, PromptLimits, engine_failure
+from clawr1.gateway.openai_types import ScoreRequest, completion_id
+from clawr1.gateway.router import EngineRouter, NoEngineError
+
+
+class Scorer:
+    def __init__(self, renderer: ChatRenderer, router: EngineRouter, limits: PromptLimits):
+        self.renderer, self.router, self.limits = renderer, router, limits
+
+    async def score(self, req: ScoreRequest) -> dict:
+        """{"logprobs": one per response token, "tokens", "weight_version", "temperature"}."""
+        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+        try:
+            prompt = self.renderer.encode_messages([m.as_dict() for m in req.messages], tools=tools,
+                                                   template_kwargs=req.chat_template_kwargs)
+        except ChatTemplateError as e:
+            raise GatewayError(400, str(e), code="chat_template_error") from None
+        if req.hint:
+            try:
+                prompt = self.renderer.with_hint(prompt, req.hint)
+            except ValueError as e:
+                raise GatewayError(400, f"cannot place the hint: {e}") from None
+        response = self.renderer.encode_text(req.response) + [self.renderer.turn_end_id]
+        self.limits.check(prompt)
+        key = f"score-{completion_id()}"
+        try:
+            scored = await self.router.call(key, lambda e: e.score(prompt + response, first_scored=len(prompt),
+                                                                   temperature=req.temperature))
+        except NoEngineError as e:
+            raise GatewayError(503, str(e), "engine_unavailable") from None
+        except EngineError as e:
+            raise engine_failure(e) from None
+        return {"logprobs": scored.prompt_logprobs, "tokens": len(response), "weight_version": scored.weight_version,
+                "temperature": req.temperature}
