@@ -33,7 +33,7 @@ PROBE_SETTINGS = {"n": 16, "reader": "free_text", "max_tokens": 64, "phrasing": 
 def probe_users() -> None:
     """The probe of every drawn user on the base model, each saved as it finishes."""
     from benchmarks.teacher_probe import measure
-    from clawr1.bench import serving_stack
+    from clawr1.agent_bench import serving_stack
 
     done = read_json(PROBE)
     todo = [u for group in USERS.values() for u in group if str(u) not in done.get("users", {})]

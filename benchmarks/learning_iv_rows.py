@@ -144,7 +144,7 @@ def run_row(row: str) -> None:
 def add_hint_uptake(row: str) -> None:
     """Each run's entry in runs/<row>.json gains the uptake of its judge's hints by the base model, on an engine
     started for it (benchmarks/judge_truth.py), once."""
-    from clawr1.bench import serving_stack
+    from clawr1.agent_bench import serving_stack
     from clawr1.config import load_config
 
     out = DATA / "runs" / f"{row}.json"
