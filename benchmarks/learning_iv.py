@@ -4,6 +4,7 @@ every chosen user in every run, compared user by user. docs/real_model.md, "The 
     python benchmarks/learning_iv.py probe    # the teacher probe of every drawn user (resumes user by user)
     python benchmarks/learning_iv.py select   # the rule, fixed before any learning run: which users, which kinds
     python benchmarks/learning_iv.py run      # every row, in the issue's order (resumes run by run)
+    python benchmarks/learning_iv.py run --runs 1   # only the next run that has no results yet
     python benchmarks/learning_iv.py table    # every table and interval again, from the committed JSON only
 
 Everything it measures is written to docs/benchmarks/learning-iv/ as it finishes (probe.json, users.json,
@@ -33,7 +34,7 @@ PROBE_SETTINGS = {"n": 16, "reader": "free_text", "max_tokens": 64, "phrasing": 
 def probe_users() -> None:
     """The probe of every drawn user on the base model, each saved as it finishes."""
     from benchmarks.teacher_probe import measure
-    from clawr1.bench import serving_stack
+    from clawr1.agent_bench import serving_stack
 
     done = read_json(PROBE)
     todo = [u for group in USERS.values() for u in group if str(u) not in done.get("users", {})]
@@ -69,15 +70,21 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("command", choices=("probe", "select", "run", "table"))
     p.add_argument("--rows", default=",".join(ROWS), help=f"rows to run, in this order (default: all: {list(ROWS)})")
+    p.add_argument("--runs", type=int, default=None,
+                   help="stop after this many runs have trained (each is 80-110 minutes on 2 cores; default: all)")
     args = p.parse_args()
     if args.command == "probe":
         probe_users()
     elif args.command == "select":
         select_users()
     elif args.command == "run":
+        left = args.runs
         for row in args.rows.split(","):
-            run_row(row)
+            left = None if left is None else left - run_row(row, left)
             write_tables()
+            if left == 0:
+                print("[learning_iv] stopping: --runs reached; the rest run at a later sitting", flush=True)
+                break
     else:
         print(write_tables(), flush=True)
     return 0

@@ -126,25 +126,31 @@ def row_runs(row: str) -> dict[str, Run]:
             for name, (recipe, extra) in runs.items()}
 
 
-def run_row(row: str) -> None:
-    """Every recipe's run of `row`, each one's per-user results saved as it ends. A run whose results are
-    committed under its name is skipped: its run directory may be on another machine."""
+def run_row(row: str, limit: int | None = None) -> int:
+    """Every recipe's run of `row`, each one's per-user results saved as it ends; returns how many ran. A run
+    whose results are committed under its name is skipped: its run directory may be on another machine. With
+    `limit`, at most that many run (a sitting that has time for one run ends after it)."""
     saved = read_json(DATA / "runs" / f"{row}.json").get("recipes", {})
+    ran = 0
     for name, run in row_runs(row).items():
         if saved.get(name, {}).get("run") == run.path.name:
             continue
+        if limit is not None and ran >= limit:
+            return ran
+        ran += 1
         if not run.finished:
             print(f"[learning_iv] {row} {name}: {run.path.relative_to(REPO)}", flush=True)
         minutes = run.start()
         save_result(row, name, run, minutes)
     if ROWS[row][0] == "llm":
         add_hint_uptake(row)
+    return ran
 
 
 def add_hint_uptake(row: str) -> None:
     """Each run's entry in runs/<row>.json gains the uptake of its judge's hints by the base model, on an engine
     started for it (benchmarks/judge_truth.py), once."""
-    from clawr1.bench import serving_stack
+    from clawr1.agent_bench import serving_stack
     from clawr1.config import load_config
 
     out = DATA / "runs" / f"{row}.json"

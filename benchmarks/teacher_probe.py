@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from clawr1.bench import serving_stack  # noqa: E402
+from clawr1.agent_bench import serving_stack  # noqa: E402
 from clawr1.chat_client import GatewayChat  # noqa: E402
 from envs.personal.env import PersonalEnv  # noqa: E402
 

@@ -103,11 +103,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             return _run(args)
         if args.command == "bench":
-            from clawr1.bench import main as bench_main
+            from clawr1.agent_bench import main as bench_main
 
             return bench_main(args)
         if args.command == "ingest":
-            from clawr1.ingest import main as ingest_main
+            from clawr1.ingest_client import main as ingest_main
 
             return ingest_main(args)
         if args.command == "init-model":

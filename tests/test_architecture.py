@@ -111,6 +111,33 @@ def test_the_recipe_folders_in_the_map_are_those_under_recipes():
     assert sorted(map_recipe_folders(MAP.read_text())) == on_disk
 
 
+def map_loop_rows(map_text: str) -> dict[str, str]:
+    """Each row of the map's loop table ("| loop | command | package | job |"): {command: package folder}."""
+    table = re.search(r"^\| loop \| command \| package \| job \|\n\|[-|]+\|\n((?:\|.*\n)+)", map_text, re.MULTILINE)
+    rows = {}
+    for line in table.group(1).splitlines() if table else []:
+        command, package = line.split("|")[2:4]
+        found = re.search(r"`clawr1 ([\w-]+)`", command), re.search(r"`(clawr1/\w+)/`", package)
+        if all(found):
+            rows[found[0].group(1)] = found[1].group(1)
+    return rows
+
+
+def test_the_loop_table_names_each_command_beside_its_package():
+    from clawr1.cli import LOOPS
+
+    assert map_loop_rows(MAP.read_text()) == {
+        command: "/".join(module.split(".")[:2]) for command, (module, _) in LOOPS.items()}
+
+
+def test_the_loop_table_check_reads_what_the_map_says():
+    text = ("| loop | command | package | job |\n|---|---|---|---|\n"
+            "| serving | `clawr1 serve` (embedded) | `clawr1/serving/` | generates |\n"
+            "| trainer | `clawr1 train` | `clawr1/trainer/` | steps |\n\nafter\n")
+    assert map_loop_rows(text) == {"serve": "clawr1/serving", "train": "clawr1/trainer"}
+    assert map_loop_rows("no table") == {}
+
+
 def test_the_header_and_recipe_checks_read_what_the_map_says():
     text = "the header `clawr1/3` and ...\n| `recipes/` | one folder per objective or task (`opd`, `gui`): configs |\n"
     assert map_header(text) == ["clawr1/3"] and map_recipe_folders(text) == ["opd", "gui"]

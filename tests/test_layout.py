@@ -14,7 +14,7 @@ from clawr1.tinymodel import chatml
 from tests.conftest import REPO
 
 LOOPS = ("gateway", "serving", "rollout", "judge", "pool", "trainer")
-GROUND_FLOOR = ("protocol", "bus", "config", "ports", "chat", "engine_api", "runtime", "tracking", "algo", "model_path",
+GROUND_FLOOR = ("protocol", "bus", "config", "addresses", "ports", "chat", "engine_api", "runtime", "tracking", "algo", "model_path",
                 "environment", "record_log", "chat_client", "tinymodel", "tokenizer_packages", "model_import",
                 "model_dir", "cpu_dtype", "tinker_serve")  # tinker_serve: Tinker's API served (clawr1 tinker-serve), no loop's code
 WITHOUT_CYCLES = ("clawr1", "envs", "benchmarks")

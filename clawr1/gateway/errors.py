@@ -2,10 +2,12 @@
 prompt limits every endpoint that renders a prompt checks."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 from clawr1.engine_api.client import EngineError
+from clawr1.gateway.router import NoEngineError
 
 
 class GatewayError(Exception):
@@ -19,6 +21,17 @@ def engine_failure(e: EngineError) -> GatewayError:
     if 400 <= e.status < 500:
         return GatewayError(400, f"the engine refused the request: {e}", code="engine_rejected")
     return GatewayError(502, f"the engine failed: {e}", "engine_error")
+
+
+@contextmanager
+def engine_errors() -> Iterator[None]:
+    """Engine calls inside it fail as the client's error: 503 when no engine is reachable, else engine_failure."""
+    try:
+        yield
+    except NoEngineError as e:
+        raise GatewayError(503, str(e), "engine_unavailable") from None
+    except EngineError as e:
+        raise engine_failure(e) from None
 
 
 @dataclass

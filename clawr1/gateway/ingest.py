@@ -26,11 +26,11 @@ import msgspec
 
 from clawr1.chat import ChatRenderer, ChatTemplateError
 from clawr1.engine_api.client import EngineError
-from clawr1.gateway.errors import GatewayError, PromptLimits, engine_failure
+from clawr1.gateway.errors import GatewayError, PromptLimits, engine_errors
 from clawr1.gateway.judge_link import JudgeLink
 from clawr1.gateway.metrics import Metrics
-from clawr1.gateway.openai_types import IngestRequest, TurnFeedback
-from clawr1.gateway.router import EngineRouter, NoEngineError
+from clawr1.gateway.openai_types import IngestRequest, TurnFeedback, tool_dicts
+from clawr1.gateway.router import EngineRouter
 from clawr1.gateway.sessions import next_state_from
 from clawr1.record_log import RecordLog
 from clawr1.protocol import NextState, TurnRecord
@@ -118,7 +118,7 @@ class Ingester:
         if self.ledger is None:
             self.ledger = IngestLedger(self.run_dir)
         messages = [m.as_dict() for m in req.messages]
-        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+        tools = tool_dicts(req.tools)
         conversation = content_id(req.session_id, messages, tools)
         session = f"ingest-{req.session_id or conversation}"
         turns = logged_turns(messages, tools, session, req.feedback, req.reward)
@@ -160,14 +160,14 @@ class Ingester:
             return f"not renderable: {e}"
         if not self.limits.fits(prompt, response):
             return f"over the context limit: {len(prompt)} + {len(response)} tokens"
-        try:
-            scored = await self.router.call(session, lambda e: e.score(prompt + response, first_scored=len(prompt)))
-        except NoEngineError as e:
-            raise GatewayError(503, str(e), "engine_unavailable") from None
-        except EngineError as e:
-            if 400 <= e.status < 500:
+        with engine_errors():
+            try:
+                scored = await self.router.call(session, lambda e: e.score(prompt + response,
+                                                                           first_scored=len(prompt)))
+            except EngineError as e:
+                if not 400 <= e.status < 500:
+                    raise
                 return f"over the context limit: the engine refused it ({str(e)[:200]})"
-            raise engine_failure(e) from None
         now = time.time()
         record = TurnRecord(
             session_id=session, turn_index=turn.index, prompt_ids=prompt, response_ids=response,

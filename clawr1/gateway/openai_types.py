@@ -84,6 +84,11 @@ class Tool(BaseModel):
     function: FunctionSpec
 
 
+def tool_dicts(tools: Optional[list[Tool]]) -> Optional[list[dict]]:
+    """A request's tools as the chat template takes them, or None."""
+    return [t.model_dump(exclude_none=True) for t in tools] if tools else None
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
     include_usage: bool = False
@@ -120,9 +125,7 @@ class ChatCompletionRequest(BaseModel):
 
     def tool_dicts(self) -> Optional[list[dict]]:
         """The tools to render, or None (also when tool_choice is "none")."""
-        if not self.tools or self.tool_choice == "none":
-            return None
-        return [t.model_dump(exclude_none=True) for t in self.tools]
+        return None if self.tool_choice == "none" else tool_dicts(self.tools)
 
 
 class TurnFeedback(BaseModel):

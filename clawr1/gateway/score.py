@@ -4,10 +4,9 @@ data."""
 from __future__ import annotations
 
 from clawr1.chat import ChatRenderer, ChatTemplateError
-from clawr1.engine_api.client import EngineError
-from clawr1.gateway.errors import GatewayError, PromptLimits, engine_failure
-from clawr1.gateway.openai_types import ScoreRequest, completion_id
-from clawr1.gateway.router import EngineRouter, NoEngineError
+from clawr1.gateway.errors import GatewayError, PromptLimits, engine_errors
+from clawr1.gateway.openai_types import ScoreRequest, completion_id, tool_dicts
+from clawr1.gateway.router import EngineRouter
 
 
 class Scorer:
@@ -16,7 +15,7 @@ class Scorer:
 
     async def score(self, req: ScoreRequest) -> dict:
         """{"logprobs": one per response token, "tokens", "weight_version", "temperature"}."""
-        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+        tools = tool_dicts(req.tools)
         try:
             prompt = self.renderer.encode_messages([m.as_dict() for m in req.messages], tools=tools,
                                                    template_kwargs=req.chat_template_kwargs)
@@ -30,12 +29,8 @@ class Scorer:
         response = self.renderer.encode_text(req.response) + [self.renderer.turn_end_id]
         self.limits.check(prompt)
         key = f"score-{completion_id()}"
-        try:
+        with engine_errors():
             scored = await self.router.call(key, lambda e: e.score(prompt + response, first_scored=len(prompt),
                                                                    temperature=req.temperature))
-        except NoEngineError as e:
-            raise GatewayError(503, str(e), "engine_unavailable") from None
-        except EngineError as e:
-            raise engine_failure(e) from None
         return {"logprobs": scored.prompt_logprobs, "tokens": len(response), "weight_version": scored.weight_version,
                 "temperature": req.temperature}

@@ -23,7 +23,7 @@ from clawr1.chat import ChatRenderer, ChatTemplateError
 from clawr1.config import Config
 from clawr1.engine_api.client import EngineError, Generation, joined
 from clawr1.gateway.adapters import AdapterRouting
-from clawr1.gateway.errors import GatewayError, PromptLimits, engine_failure
+from clawr1.gateway.errors import GatewayError, PromptLimits, engine_errors
 from clawr1.gateway.ingest import Ingester
 from clawr1.gateway.judge_link import JudgeLink
 from clawr1.gateway.logprobs import TokenText, openai_logprobs
@@ -31,7 +31,7 @@ from clawr1.gateway.metrics import Metrics
 from clawr1.gateway.openai_types import (ChatCompletionRequest, IngestRequest, ScoreRequest, chat_completion, chunk,
                                          completion_id)
 from clawr1.gateway.parsers import ParsedOutput, StreamSplitter, default_tool_call_format, parse_output
-from clawr1.gateway.router import EngineRouter, NoEngineError
+from clawr1.gateway.router import EngineRouter
 from clawr1.gateway.score import Scorer
 from clawr1.gateway.sessions import SEGMENTS_PER_START, Session, SessionStore, canonical, next_start
 from clawr1.protocol import NextState, TurnRecord, WeightsPublished, turn_key
@@ -301,19 +301,16 @@ class Gateway:
         weights) is continued from where it stopped, so the agent never sees a cut answer because of training."""
         t0 = time.perf_counter()
         try:
-            gen = await self._engine_generate(key, prompt, params, top_k, slot)
-            for _ in range(MAX_CONTINUATIONS):
-                left = params["max_new_tokens"] - len(gen.output_ids)
-                if gen.finish_reason != "abort" or left <= 0:
-                    break
-                self.metrics.inc("continued_after_abort", help="generations an engine aborted, continued")
-                more_params, so_far = {**params, "max_new_tokens": left}, prompt + gen.output_ids
-                gen = joined(gen, await self._engine_generate(key, so_far, more_params, top_k, slot))
-            return gen
-        except NoEngineError as e:
-            raise GatewayError(503, str(e), "engine_unavailable") from None
-        except EngineError as e:
-            raise engine_failure(e) from None
+            with engine_errors():
+                gen = await self._engine_generate(key, prompt, params, top_k, slot)
+                for _ in range(MAX_CONTINUATIONS):
+                    left = params["max_new_tokens"] - len(gen.output_ids)
+                    if gen.finish_reason != "abort" or left <= 0:
+                        break
+                    self.metrics.inc("continued_after_abort", help="generations an engine aborted, continued")
+                    more_params, so_far = {**params, "max_new_tokens": left}, prompt + gen.output_ids
+                    gen = joined(gen, await self._engine_generate(key, so_far, more_params, top_k, slot))
+                return gen
         finally:
             self._engine_wait += time.perf_counter() - t0
 
@@ -337,7 +334,7 @@ class Gateway:
     async def _stream(self, key: str, prompt: list[int], params: dict, top_k: int = 0,
                       slot: Optional[int] = None) -> AsyncIterator[Generation]:
         """Partial results of one choice; an aborted generation is continued (as in _generate), seamlessly."""
-        try:
+        with engine_errors():
             done: Optional[Generation] = None
             for _ in range(MAX_CONTINUATIONS + 1):
                 so_far = prompt + (done.output_ids if done else [])
@@ -350,10 +347,6 @@ class Gateway:
                 if done is None or done.finish_reason != "abort" or len(done.output_ids) >= params["max_new_tokens"]:
                     return
                 self.metrics.inc("continued_after_abort", help="generations an engine aborted, continued")
-        except NoEngineError as e:
-            raise GatewayError(503, str(e), "engine_unavailable") from None
-        except EngineError as e:
-            raise engine_failure(e) from None
 
     # ------------------------------------------------------------ turns
     async def chat(self, req: ChatCompletionRequest, ctx: TurnContext) -> tuple[dict, str]:

@@ -102,6 +102,17 @@ def test_the_runner_skips_a_run_whose_results_are_committed_and_starts_the_other
     assert started == ["opd"]
 
 
+def test_the_runner_trains_no_more_runs_than_it_is_given(tmp_path, monkeypatch):
+    monkeypatch.setattr(rows_module, "DATA", tmp_path)
+    (tmp_path / "users.json").write_text(json.dumps({"evaluation": {"7": ["tone"], "12": ["format"]}}))
+    started, saved = [], []
+    monkeypatch.setattr(Run, "start", lambda run: started.append(run.name) or 1.0)
+    monkeypatch.setattr(rows_module, "save_result", lambda row, name, run, minutes: saved.append(name))
+    assert run_row("directive-16", limit=2) == 2
+    assert started == ["binary_rl", "opd"] and saved == ["binary_rl", "opd"]
+    assert run_row("directive-16", limit=0) == 0 and len(started) == 2
+
+
 def test_every_committed_run_has_the_name_the_runner_gives_it_now():
     """A config change that renames a committed run (a new field not listed in benchmarks/run_cache.py's
     NEUTRAL_DEFAULTS, a renamed one not in RENAMED_FIELDS) would make the runner train it again."""

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from clawr1.bench import run_bench
+from clawr1.agent_bench import run_bench
 from envs.gui.env import GuiEnv
 from envs.gui.miniwob import MINIWOB_SET
 from envs.gui.tasks import own_tasks

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from clawr1.bench import load_environment
+from clawr1.agent_bench import load_environment
 from clawr1.environment import AssistantTurn, TaskEnvironment
 from envs.agentic.agent import ScriptedAgent, call_turn
 from envs.agentic.sandbox import available_backends

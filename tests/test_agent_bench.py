@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from clawr1.bench import pass_at_k, pass_hat_k
+from clawr1.agent_bench import pass_at_k, pass_hat_k
 from clawr1.environment import EpisodeResult
 from tests.conftest import REPO
 from tests.numerics import assert_close
@@ -29,7 +29,7 @@ def test_pass_at_k_and_pass_hat_k_by_hand():
 
 
 def test_summary_averages_over_tasks():
-    from clawr1.bench import TaskScore, summarize
+    from clawr1.agent_bench import TaskScore, summarize
 
     def r(ok: bool, turns: int = 2) -> EpisodeResult:
         return EpisodeResult("t", "c", ok, 1.0 if ok else -1.0, turns, tool_errors=1)
@@ -84,7 +84,7 @@ def test_policy_needs_a_gateway_or_a_config(tmp_path):
 
 
 def test_the_report_is_named_after_the_task_sets_last_path_component(tmp_path):
-    from clawr1.bench import report_prefix
+    from clawr1.agent_bench import report_prefix
 
     assert report_prefix("envs/terminal", None, "oracle") == Path("runs/bench/terminal-default-oracle")
     assert report_prefix("envs/terminal", "/abs/dir", "oracle") == Path("runs/bench/terminal-dir-oracle")
