@@ -16,22 +16,18 @@ class GatewayError(Exception):
         self.status, self.message, self.type, self.code = status, message, type_, code
 
 
-def engine_failure(e: EngineError) -> GatewayError:
-    """An engine's 4xx means the request cannot be served (e.g. longer than the context): the client's 400."""
-    if 400 <= e.status < 500:
-        return GatewayError(400, f"the engine refused the request: {e}", code="engine_rejected")
-    return GatewayError(502, f"the engine failed: {e}", "engine_error")
-
-
 @contextmanager
 def engine_errors() -> Iterator[None]:
-    """Engine calls inside it fail as the client's error: 503 when no engine is reachable, else engine_failure."""
+    """Engine calls inside it fail as the client's error: 503 when no engine is reachable; an engine's 4xx
+    (e.g. longer than its context) as the client's 400; any other engine failure as 502."""
     try:
         yield
     except NoEngineError as e:
         raise GatewayError(503, str(e), "engine_unavailable") from None
     except EngineError as e:
-        raise engine_failure(e) from None
+        if 400 <= e.status < 500:
+            raise GatewayError(400, f"the engine refused the request: {e}", code="engine_rejected") from None
+        raise GatewayError(502, f"the engine failed: {e}", "engine_error") from None
 
 
 @dataclass

@@ -6,6 +6,7 @@ behaviour each; the own and MiniWoB++ sets are calibrated in tests/envs/test_gui
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -312,7 +313,8 @@ def test_a_crashed_browser_is_restarted_for_the_next_episode():
         driver = host.driver_pid()
         for pid in host.processes():
             if pid != driver:
-                os.kill(pid, signal.SIGKILL)  # the sandbox and the browser this test started
+                with contextlib.suppress(ProcessLookupError):  # it may have died with the sandbox
+                    os.kill(pid, signal.SIGKILL)  # the sandbox and the browser this test started
         deadline = time.monotonic() + 30
         while host.connected() and time.monotonic() < deadline:
             time.sleep(0.05)
