@@ -462,6 +462,11 @@ class TrainerConfig(Section):
         "where the CPU runs it in bf16).")
     transformer_engine: typing.Annotated[Literal["auto", "on", "off"], SwitchWord] = Field(
         "auto", description="Use Transformer Engine layers; auto: when CUDA and TE are present.")
+    fused_kernels: list[Literal["rmsnorm", "swiglu", "rope"]] = Field(
+        default_factory=list, description="Triton kernels in place of megatron-core's unfused torch ops, without "
+        "TransformerEngine (clawr1/trainer/fused): rmsnorm (every RMSNorm), swiglu (the MLP's activation), rope (the "
+        "rotary embedding in the trainer's own core attention). Needs triton; on a CPU only under Triton's "
+        "interpreter (TRITON_INTERPRET=1, for tests). Empty: the plain ops.")
     host: str = Field("127.0.0.1", description="The address the trainer publishes weight versions on.")
     publish_port: Port = Field(0, description="PUB socket announcing WeightsPublished; 0: `clawr1 run` picks a free "
                                "port.")
@@ -754,6 +759,13 @@ class Config(Addresses, Section):
         if (self.cluster.backend == "ray" and self.serve.backend == "embedded" and self.judge.teacher != "lagged"
                 and "weight_sync" not in self.trainer.model_fields_set):
             self.trainer.weight_sync = "http"
+        return self
+
+    @model_validator(mode="after")
+    def _fused_kernels_replace_the_local_layers_only(self) -> "Config":
+        if self.trainer.fused_kernels and self.trainer.transformer_engine == "on":
+            raise ValueError("trainer.fused_kernels replace megatron-core's local (non-TransformerEngine) layers; with "
+                             "trainer.transformer_engine=on, TransformerEngine's own fused layers are used: set one")
         return self
 
     @model_validator(mode="after")
