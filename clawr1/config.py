@@ -209,6 +209,11 @@ class ServeConfig(Section):
         True, description="The embedded engine on CPU in float32: its large linear layers (1M weights or more) compute "
         "through a copy of their weights packed for oneDNN, 1.7-2.7x faster at decode's few rows "
         "(clawr1/serving/packed_linear.py); the copy adds up to the weights' size to the engine's memory.")
+    decode_attention: Literal["gather", "paged"] = Field(
+        "gather", description="The embedded engine's decode attention. gather: each step copies the running requests' "
+        "keys and values out of the paged pool and calls SDPA with a mask; paged: one Triton kernel reads each "
+        "request's pages in place (clawr1/serving/paged_attention.py; needs triton, on a CPU only under its "
+        "interpreter, TRITON_INTERPRET=1, for tests).")
     device: Literal["cpu", "cuda"] = Field(
         "cpu", description="The embedded engine's device. cuda: weights and KV cache in GPU memory (use dtype "
         "bfloat16), the budget above is GPU memory; with the trainer on the same GPU each engine takes its budget "
