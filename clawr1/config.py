@@ -214,6 +214,10 @@ class ServeConfig(Section):
         "keys and values out of the paged pool and calls SDPA with a mask; paged: one Triton kernel reads each "
         "request's pages in place (clawr1/serving/paged_attention.py; needs triton, on a CPU only under its "
         "interpreter, TRITON_INTERPRET=1, for tests).")
+    decode_cuda_graph: bool = Field(
+        False, description="serve.device=cuda with serve.decode_attention=paged: each decode step replayed from a CUDA "
+        "graph captured at start for its batch-size bucket (clawr1/serving/decode_graphs.py), instead of launching "
+        "its kernels one by one.")
     device: Literal["cpu", "cuda"] = Field(
         "cpu", description="The embedded engine's device. cuda: weights and KV cache in GPU memory (use dtype "
         "bfloat16), the budget above is GPU memory; with the trainer on the same GPU each engine takes its budget "
@@ -771,6 +775,14 @@ class Config(Addresses, Section):
         if self.trainer.fused_kernels and self.trainer.transformer_engine == "on":
             raise ValueError("trainer.fused_kernels replace megatron-core's local (non-TransformerEngine) layers; with "
                              "trainer.transformer_engine=on, TransformerEngine's own fused layers are used: set one")
+        return self
+
+    @model_validator(mode="after")
+    def _decode_cuda_graphs_replay_the_paged_step_on_cuda(self) -> "Config":
+        s = self.serve
+        if s.decode_cuda_graph and (s.device != "cuda" or s.decode_attention != "paged"):
+            raise ValueError("serve.decode_cuda_graph replays the paged decode step on a GPU: it needs "
+                             "serve.device=cuda and serve.decode_attention=paged")
         return self
 
     @model_validator(mode="after")

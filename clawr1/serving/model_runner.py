@@ -104,7 +104,8 @@ def _check_triton(device: torch.device) -> None:
 
 
 class ModelRunner:
-    def __init__(self, hf_model: torch.nn.Module, slots: int, pool_tokens: int, decode_attention: str = "gather"):
+    def __init__(self, hf_model: torch.nn.Module, slots: int, pool_tokens: int, decode_attention: str = "gather",
+                 cuda_graph: bool = False):
         if decode_attention not in ("gather", "paged"):
             raise ValueError(f"decode_attention is gather or paged, not {decode_attention!r}")
         self.paged = decode_attention == "paged"  # serve.decode_attention
@@ -120,8 +121,15 @@ class ModelRunner:
         self.lm_head = hf_model.lm_head
         weight = next(hf_model.parameters())
         self.device = weight.device
-        self.cache = TokenPool(cfg.num_hidden_layers, slots, pool_tokens, self.kv_heads, self.head_dim, weight.dtype,
-                               self.device)
+        # with CUDA graphs, one more slot: the padding rows' scratch (clawr1/serving/decode_graphs.py)
+        scratch = 1 if cuda_graph else 0
+        self.cache = TokenPool(cfg.num_hidden_layers, slots + scratch, pool_tokens + PAGE_TOKENS * scratch,
+                               self.kv_heads, self.head_dim, weight.dtype, self.device)
+        self.graphs = None
+        if cuda_graph:
+            from clawr1.serving.decode_graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs(self, slots)
 
     @torch.inference_mode()
     def prefill(self, ids: torch.Tensor, slot: int) -> torch.Tensor:
@@ -146,6 +154,8 @@ class ModelRunner:
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, slots: list[int]) -> torch.Tensor:
         """Hidden states [B, hidden] after one more token for each slot; the caches grow by one."""
+        if self.graphs is not None:
+            return self.graphs.decode(tokens, slots)
         if self.paged:
             return self._decode_paged(tokens, torch.tensor(slots, device=self.device))
         slot_idx = torch.tensor(slots, device=self.device)
