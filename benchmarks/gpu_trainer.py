@@ -15,7 +15,7 @@ Qwen2 in fp32 with --device cpu), built by the trainer's own `main.build`:
   profile    one training step of the new path under torch.profiler: device time by op, grouped
              (attention, matmul, norm, rotary, log-prob, optimizer, copy, other; by op name, see GROUPS),
              the top ops, and the share of the step's wall time the device was busy
-  fused      (--fused, default rmsnorm,swiglu,rope, if 60 s are left) the model rebuilt with each Triton kernel
+  fused      (--fused, default rmsnorm,swiglu,rope,lmhead, if 60 s are left) the model rebuilt with each Triton kernel
              of trainer.fused_kernels alone and with all of them: the new path's steps against the plain model
              rebuilt the same way, and the log-prob gap of all of them against plain
   compiled   (--compile-shape, default 1.5b, CUDA only, if 90 s are left) the MLP and norms of every
@@ -395,7 +395,7 @@ def main() -> int:
     ap.add_argument("--compile-shape", default="1.5b", help="the shape whose MLP and norms go through torch.compile "
                                                             "(CUDA only; 'none' to skip)")
     ap.add_argument("--compile-min-left-s", type=float, default=90.0)
-    ap.add_argument("--fused", default="rmsnorm,swiglu,rope", help="the Triton kernels the fused stage measures, "
+    ap.add_argument("--fused", default="rmsnorm,swiglu,rope,lmhead", help="the Triton kernels the fused stage measures, "
                     "each alone and all together against the plain model ('' to skip; on a CPU they need "
                     "TRITON_INTERPRET=1 and triton)")
     ap.add_argument("--fused-min-left-s", type=float, default=60.0)

@@ -471,11 +471,12 @@ class TrainerConfig(Section):
         "where the CPU runs it in bf16).")
     transformer_engine: typing.Annotated[Literal["auto", "on", "off"], SwitchWord] = Field(
         "auto", description="Use Transformer Engine layers; auto: when CUDA and TE are present.")
-    fused_kernels: list[Literal["rmsnorm", "swiglu", "rope"]] = Field(
+    fused_kernels: list[Literal["rmsnorm", "swiglu", "rope", "lmhead"]] = Field(
         default_factory=list, description="Triton kernels in place of megatron-core's unfused torch ops, without "
         "TransformerEngine (clawr1/trainer/fused): rmsnorm (every RMSNorm), swiglu (the MLP's activation), rope (the "
-        "rotary embedding in the trainer's own core attention). Needs triton; on a CPU only under Triton's "
-        "interpreter (TRITON_INTERPRET=1, for tests). Empty: the plain ops.")
+        "rotary embedding in the trainer's own core attention), lmhead (log-probs and entropy from the LM head "
+        "without its logits; tensor_parallel 1 only). Needs triton; on a CPU only under Triton's interpreter "
+        "(TRITON_INTERPRET=1, for tests). Empty: the plain ops.")
     host: str = Field("127.0.0.1", description="The address the trainer publishes weight versions on.")
     publish_port: Port = Field(0, description="PUB socket announcing WeightsPublished; 0: `clawr1 run` picks a free "
                                "port.")
@@ -768,6 +769,13 @@ class Config(Addresses, Section):
         if (self.cluster.backend == "ray" and self.serve.backend == "embedded" and self.judge.teacher != "lagged"
                 and "weight_sync" not in self.trainer.model_fields_set):
             self.trainer.weight_sync = "http"
+        return self
+
+    @model_validator(mode="after")
+    def _fused_lm_head_holds_the_whole_vocabulary(self) -> "Config":
+        if "lmhead" in self.trainer.fused_kernels and self.trainer.tensor_parallel > 1:
+            raise ValueError("trainer.fused_kernels lmhead computes the softmax over the whole vocabulary on one rank: "
+                             "it needs trainer.tensor_parallel=1")
         return self
 
     @model_validator(mode="after")

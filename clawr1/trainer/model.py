@@ -101,6 +101,8 @@ class Policy:
     hf_config: object
     tp: int
     lora: Optional[object] = None  # clawr1.trainer.lora.LoraAdapters when the run trains adapters
+    fused: tuple[str, ...] = ()  # trainer.fused_kernels it was built with
+
 
     @property
     def vocab(self) -> int:
@@ -110,6 +112,8 @@ class Policy:
 def build_policy(hf_path: str | Path, tp: int = 1, tp_rank: int = 0, dtype: torch.dtype = torch.float32,
                  use_te: bool = False, fused: tuple[str, ...] = ()) -> Policy:
     """GPTModel with the HF checkpoint's weights (this rank's shard); `fused`: trainer.fused_kernels."""
+    if "lmhead" in fused and tp > 1:
+        raise ValueError("the fused LM head (trainer.fused_kernels lmhead) needs the whole vocabulary on one rank: tp=1")
     from megatron.core.models.gpt import GPTModel
     from transformers import AutoConfig
 
@@ -128,7 +132,7 @@ def build_policy(hf_path: str | Path, tp: int = 1, tp_rank: int = 0, dtype: torc
         model.rotary_pos_emb.inv_freq.copy_(hf_inv_freq(hf_config))
     state = hf_to_megatron(load_hf_state(Path(hf_path)), a, tp_rank, tp, padded_vocab=vocab)
     load_megatron_state(model, to_te_names(state) if use_te else state)
-    return Policy(model=model, arch=a, hf_config=hf_config, tp=tp)
+    return Policy(model=model, arch=a, hf_config=hf_config, tp=tp, fused=tuple(fused))
 
 
 def cast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> None:
@@ -250,6 +254,11 @@ def logprobs_and_entropy(policy: Policy, hidden: Tensor, targets: Tensor, temper
 
     extra = None if extra_ids is None else extra_ids.to(hidden.device)
     temps = _row_temperatures(temperature, hidden.shape[0], hidden.device)
+    if "lmhead" in policy.fused:  # tp=1 (build_policy): the whole vocabulary, no padding rows
+        from clawr1.trainer.fused.lm_head import logprob_entropy
+
+        head = weight if weight is not None else m.output_layer.weight
+        return logprob_entropy(hidden, head, targets.to(hidden.device), 1.0 / temps, extra)
     return chunked_logprob_entropy(hidden, targets.to(hidden.device), logits_fn, tp_rank * shard, group, chunk_tokens,
                                    extra, temps, padded=padded)
 

@@ -78,8 +78,48 @@ def check_ops() -> None:
                  depth=4)
 
 
+def lm_head_outputs(fn, hidden, weight, dtype):
+    """(log p, entropy, log p of extra ids, d hidden, d weight) of `fn` in `dtype`, under one fixed loss."""
+    h, w = hidden.to(dtype).clone().requires_grad_(), weight.to(dtype).clone().requires_grad_()
+    logp, entropy, extra = fn(h, w)
+    g = torch.Generator().manual_seed(2)
+    loss = sum((t.double() * torch.randn(t.shape, generator=g, dtype=torch.float64)).sum() for t in (logp, entropy, extra))
+    loss.backward()
+    return [logp.detach(), entropy.detach(), extra.detach(), h.grad, w.grad]
+
+
+def check_lm_head() -> None:
+    """The fused LM head against the plain chunked path (clawr1/trainer/logprobs.py) and fp64: 45 rows, a
+    vocabulary of 300 (not a multiple of the tile), hidden 40, per-row temperatures, 3 extra ids per row."""
+    from clawr1.trainer.fused.lm_head import logprob_entropy
+    from clawr1.trainer.logprobs import chunked_logprob_entropy
+
+    rows, hidden_size, vocab = 45, 40, 300
+    hidden = torch.randn(rows, hidden_size, dtype=torch.float64)
+    weight = torch.randn(vocab, hidden_size, dtype=torch.float64) * 0.3
+    targets, extra = torch.randint(0, vocab, (rows,)), torch.randint(0, vocab, (rows, 3))
+    temps = 0.5 + torch.rand(rows, dtype=torch.float64)
+
+    def plain(h, w):
+        return chunked_logprob_entropy(h, targets, lambda x: (x @ w.T).float(), 0, chunk_tokens=16, extra_ids=extra,
+                                       temperatures=temps.to(h.dtype), padded=False)
+
+    def fused(h, w):
+        return logprob_entropy(h, w, targets, (1 / temps).float(), extra)
+
+    exact = lm_head_outputs(lambda h, w: chunked_logprob_entropy(
+        h, targets, lambda x: x @ w.T, 0, chunk_tokens=16, extra_ids=extra, temperatures=temps, padded=False),
+        hidden, weight, torch.float64)
+    names = ("log p", "entropy", "log p of extra ids", "d hidden", "d weight")
+    for dtype in (torch.float32, torch.bfloat16):
+        got, honest = lm_head_outputs(fused, hidden, weight, dtype), lm_head_outputs(plain, hidden, weight, dtype)
+        for name, a, b, e in zip(names, got, honest, exact):
+            assert_as_exact_as(a, e, b, dtype, what=f"lmhead {dtype} {name}")
+    print("[fused_worker] lmhead: fp32 and bf16 as exact as the plain path", flush=True)
+
+
 def check_model(model_dir: str, vocab: int, what: str) -> None:
-    """One training step with all three kernels against the plain model: the same loss and gradients (the same
+    """One training step with all four kernels against the plain model: the same loss and gradients (the same
     sums in another order: grad_depth), and the same state-dict names."""
     from clawr1.config import AlgoConfig
     from clawr1.trainer.model import build_policy
@@ -89,7 +129,7 @@ def check_model(model_dir: str, vocab: int, what: str) -> None:
 
     samples = synthetic_samples(6, vocab=vocab, seed=3)
     results = {}
-    for name, fused in (("plain", ()), ("fused", ("rmsnorm", "swiglu", "rope"))):
+    for name, fused in (("plain", ()), ("fused", ("rmsnorm", "swiglu", "rope", "lmhead"))):
         policy = build_policy(model_dir, fused=fused)
         kinds = {type(m).__name__ for m in policy.model.modules()}
         fused_rope = any(getattr(m, "fused_rope", False) for m in policy.model.modules())
@@ -116,6 +156,7 @@ if __name__ == "__main__":
     from tests.trainer.families import COMMON, save_random_model
 
     check_ops()
+    check_lm_head()
     init_parallel(tp=1, seed=0)
     tiny = Path(sys.argv[1])
     check_model(str(tiny), json.loads((tiny / "config.json").read_text())["vocab_size"], "the tiny model")

@@ -17,7 +17,8 @@ from tests.triton_interpreter import run_interpreted, triton_path  # noqa: F401 
 def test_fused_kernels_and_the_fused_model_match_the_plain_ones(triton_path, tiny_model):
     done = run_interpreted(triton_path, ["-m", "tests.trainer.fused_worker", str(tiny_model)])
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    for what in ("rmsnorm", "swiglu", "rope dim 64 rot 64", "rope dim 64 rot 48", "the tiny model", "a Qwen3 model"):
+    for what in ("rmsnorm", "swiglu", "rope dim 64 rot 64", "rope dim 64 rot 48", "lmhead", "the tiny model",
+                 "a Qwen3 model"):
         assert f"[fused_worker] {what}" in done.stdout, done.stdout
 
 
@@ -45,6 +46,8 @@ def test_fused_kernels_need_triton_and_on_a_cpu_its_interpreter(monkeypatch):
 
 
 def test_fused_kernels_and_transformer_engine_on_are_refused_together():
+    with pytest.raises(ValueError, match="lmhead computes the softmax over the whole vocabulary"):
+        Config.model_validate({"trainer": {"fused_kernels": ["lmhead"], "tensor_parallel": 2}})
     with pytest.raises(ValueError, match="fused_kernels replace"):
         Config.model_validate({"trainer": {"fused_kernels": ["swiglu"], "transformer_engine": "on"}})
     assert Config.model_validate({"trainer": {"fused_kernels": ["rope", "rmsnorm"]}}).trainer.fused_kernels == [
