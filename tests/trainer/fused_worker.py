@@ -90,11 +90,11 @@ def lm_head_outputs(fn, hidden, weight, dtype):
 
 def check_lm_head() -> None:
     """The fused LM head against the plain chunked path (clawr1/trainer/logprobs.py) and fp64: 45 rows, a
-    vocabulary of 300 (not a multiple of the tile), hidden 40, per-row temperatures, 3 extra ids per row."""
+    vocabulary of 300 and hidden 100 (neither a multiple of its tile), per-row temperatures, 3 extra ids per row."""
     from clawr1.trainer.fused.lm_head import logprob_entropy
     from clawr1.trainer.logprobs import chunked_logprob_entropy
 
-    rows, hidden_size, vocab = 45, 40, 300
+    rows, hidden_size, vocab = 45, 100, 300
     hidden = torch.randn(rows, hidden_size, dtype=torch.float64)
     weight = torch.randn(vocab, hidden_size, dtype=torch.float64) * 0.3
     targets, extra = torch.randint(0, vocab, (rows,)), torch.randint(0, vocab, (rows, 3))

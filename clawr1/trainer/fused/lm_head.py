@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-BLOCK_R, BLOCK_V, BLOCK_H = 32, 64, 32
+BLOCK_R, BLOCK_V, BLOCK_H = 64, 128, 64  # tiles sized for tensor cores; not tuned on a GPU yet
 # Triton's CPU interpreter multiplies bf16 tiles wrongly: there the tiles go through an fp32 dot instead (a product
 # of two bf16 values is exact in fp32, so only the order of the fp32 sums differs from a GPU's bf16 dot)
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
