@@ -29,7 +29,8 @@ def test_the_gpu_benchmarks_fused_stage_runs_on_a_cpu_under_the_interpreter(trit
                                          "swiglu"], OUT=str(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]
     fused = json.loads(done.stdout.strip().splitlines()[-1])["shapes"]["tiny"]["fused"]
-    assert fused["ok"] and set(fused["speedup"]) == {"swiglu", "all"}, fused
+    assert fused["ok"] and set(fused["speedup"]) == {"swiglu", "all", "all_2x_microbatch"}, fused
+    assert fused["all_2x_microbatch"]["microbatch_tokens"] == 2 * fused["all"]["microbatch_tokens"]
     assert fused["swiglu"]["steps"] >= 1 and fused["all"]["tokens_per_step"] == fused["plain"]["tokens_per_step"]
     # the same log-probs up to fp32 rounding: each reduction of the tiny shape's forward rounding once differently
     gap, depth = fused["logprob_gap"], REDUCTIONS_PER_LAYER * SHAPES["tiny"]["num_hidden_layers"] + 2
