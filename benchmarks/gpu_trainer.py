@@ -1,4 +1,5 @@
-"""The trainer's speed without TransformerEngine (issue 44): attention forms, a profile, MFU on two shapes.
+"""The trainer's speed without TransformerEngine (issues 44, 64): attention forms, a profile, fused kernels, MFU on
+two shapes.
 
 For each model shape (random bf16 weights of Qwen2.5-0.5B's and Qwen2.5-1.5B's shapes on CUDA; a tiny
 Qwen2 in fp32 with --device cpu), built by the trainer's own `main.build`:
@@ -14,6 +15,10 @@ Qwen2 in fp32 with --device cpu), built by the trainer's own `main.build`:
   profile    one training step of the new path under torch.profiler: device time by op, grouped
              (attention, matmul, norm, rotary, log-prob, optimizer, copy, other; by op name, see GROUPS),
              the top ops, and the share of the step's wall time the device was busy
+  fused      (--fused, default rmsnorm,swiglu,rope,lmhead, if 60 s are left) the model rebuilt with each Triton kernel
+             of trainer.fused_kernels alone and with all of them: the new path's steps against the plain model
+             rebuilt the same way, the log-prob gap of all of them against plain, and all of them again at
+             twice the micro-batch
   compiled   (--compile-shape, default 1.5b, CUDA only, if 90 s are left) the MLP and norms of every
              layer through torch.compile, then the new path's steps again
 
@@ -108,24 +113,27 @@ class Bench:
             torch.cuda.empty_cache()
 
     # ---------------------------------------------------------------- stages
-    def build(self, shape: str, work: Path) -> dict:
+    def build(self, shape: str, work: Path, fused: tuple[str, ...] = ()) -> dict:
+        """The trainer's model and optimizer for random weights of `shape` (saved once, as an HF checkpoint),
+        with the Triton kernels `fused` (trainer.fused_kernels)."""
         import torch
         from transformers import Qwen2Config, Qwen2ForCausalLM
 
         from clawr1.config import Config, RunConfig, TrainerConfig
         from clawr1.trainer.main import build
 
-        hf_config = Qwen2Config(**SHAPES[shape], max_position_embeddings=32768, tie_word_embeddings=True,
-                                rope_theta=1e6, rms_norm_eps=1e-6)
-        torch.manual_seed(0)
-        with torch.device("cuda" if self.cuda else "cpu"):
-            hf = Qwen2ForCausalLM(hf_config).to(self.dtype)
-        hf.save_pretrained(work / shape)
-        del hf
-        self.free_cuda_cache()
+        if not (work / shape / "config.json").exists():
+            hf_config = Qwen2Config(**SHAPES[shape], max_position_embeddings=32768, tie_word_embeddings=True,
+                                    rope_theta=1e6, rms_norm_eps=1e-6)
+            torch.manual_seed(0)
+            with torch.device("cuda" if self.cuda else "cpu"):
+                hf = Qwen2ForCausalLM(hf_config).to(self.dtype)
+            hf.save_pretrained(work / shape)
+            del hf
+        self.drop_model()
         cfg = Config(run=RunConfig(max_steps=1000), trainer=TrainerConfig(
             lr=1e-5, precision="bf16" if self.cuda else "fp32", transformer_engine="off",
-            max_tokens_per_microbatch=self.args.microbatch_tokens))
+            max_tokens_per_microbatch=self.args.microbatch_tokens, fused_kernels=list(fused)))
         self.cfg = cfg
         self.microbatch_tokens = self.args.microbatch_tokens
         self.policy, self.optimizer = build(cfg, self.par, work / shape)
@@ -252,7 +260,43 @@ class Bench:
         wall = time.perf_counter() - t0
         return {"ok": True, "variant": self.new_variant, **group_profile(prof.key_averages(), self.cuda, wall)}
 
-    def compiled(self) -> dict:
+    def fused(self, shape: str, work: Path) -> dict:
+        """The new path's steps with each Triton kernel (trainer.fused_kernels) alone and with all of them, each
+        against the plain model in the same run, and the log-probs of all of them against the plain ones."""
+        from benchmarks.gpu_smoke import megatron_logprobs
+
+        kernels = [k for k in self.args.fused.split(",") if k]
+        batches = self.batches(self.args.steps + 1, seed=100)
+        samples = self.batches(1, seed=300)[0][:8]
+        self.select(self.new_variant)
+        res: dict = {"variant": self.new_variant, "baseline": "plain"}
+        logprobs = {}
+        for name, fused in [("plain", ())] + [(k, (k,)) for k in kernels] + [("all", tuple(kernels))]:
+            try:
+                self.build(shape, work, fused)
+                self.select(self.new_variant)
+                res[name] = self.guarded_measure(self.new_variant, batches)
+                if name in ("plain", "all"):
+                    logprobs[name] = megatron_logprobs(self.policy, samples)
+            except Exception as e:  # noqa: BLE001 (a kernel that cannot build here is a finding; the rest still run)
+                res[name] = error_result(e)
+        if "tokens_per_s" in res.get("all", {}):  # the memory the kernels free, spent on twice the micro-batch
+            self.microbatch_tokens = 2 * res["all"]["microbatch_tokens"]
+            res["all_2x_microbatch"] = self.guarded_measure(self.new_variant, batches)
+        ran = [n for n in res if isinstance(res[n], dict) and "tokens_per_s" in res[n]]
+        if "plain" in ran:
+            res["speedup"] = {n: round(res[n]["tokens_per_s"] / res["plain"]["tokens_per_s"], 3) for n in ran[1:]}
+        if len(logprobs) == 2:
+            diff = (logprobs["all"] - logprobs["plain"]).abs()
+            res["logprob_gap"] = {"max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean()),
+                                  "magnitude": float(logprobs["plain"].abs().max())}
+        res["ok"] = "plain" in ran and "all" in ran
+        return res
+
+    def compiled(self, shape: str, work: Path) -> dict:
+        """The plain model's MLP and norms under torch.compile (rebuilt first if the fused stage left its own)."""
+        if self.args.fused:
+            self.build(shape, work)
         compiled = compile_blocks(self.policy.model)
         res = {"compiled_modules": compiled, "variant": self.new_variant}
         batches = self.batches(self.args.steps + 1, seed=100)
@@ -280,8 +324,10 @@ class Bench:
             self.stage(shape, "attention", self.attention, min_left_s=10)
             self.stage(shape, "parity", self.parity, min_left_s=10)
             self.stage(shape, "profile", self.profile, min_left_s=10)
+            if self.args.fused:  # before compiled, which rebuilds nothing and changes the model in place
+                self.stage(shape, "fused", lambda: self.fused(shape, work), min_left_s=self.args.fused_min_left_s)
             if shape == self.args.compile_shape and self.cuda:
-                self.stage(shape, "compiled", self.compiled, min_left_s=self.args.compile_min_left_s)
+                self.stage(shape, "compiled", lambda: self.compiled(shape, work), min_left_s=self.args.compile_min_left_s)
             self.drop_model()
         self.result["summary"] = summary(self.result["shapes"])
         self.result["ok"] = all(st.get("ok") for sh in self.result["shapes"].values()
@@ -327,6 +373,10 @@ def summary(shapes: dict) -> dict:
         for variant, figures in att.items():
             if isinstance(figures, dict) and "tokens_per_s" in figures:
                 row[variant] = {k: figures.get(k) for k in ("tokens_per_s", "mfu", "peak_memory_gb")}
+        fused = stages.get("fused", {})
+        for name in ("plain", "all"):
+            if "tokens_per_s" in fused.get(name, {}):
+                row[f"fused_{name}"] = {k: fused[name].get(k) for k in ("tokens_per_s", "mfu", "peak_memory_gb")}
         comp = stages.get("compiled", {})
         if "tokens_per_s" in comp:
             row["compiled"] = {k: comp.get(k) for k in ("tokens_per_s", "mfu", "peak_memory_gb")}
@@ -349,6 +399,10 @@ def main() -> int:
     ap.add_argument("--compile-shape", default="1.5b", help="the shape whose MLP and norms go through torch.compile "
                                                             "(CUDA only; 'none' to skip)")
     ap.add_argument("--compile-min-left-s", type=float, default=90.0)
+    ap.add_argument("--fused", default="rmsnorm,swiglu,rope,lmhead", help="the Triton kernels the fused stage measures, "
+                    "each alone and all together against the plain model ('' to skip; on a CPU they need "
+                    "TRITON_INTERPRET=1 and triton)")
+    ap.add_argument("--fused-min-left-s", type=float, default=60.0)
     ap.add_argument("--peak-tflops", type=float, default=None)
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args()

@@ -209,6 +209,15 @@ class ServeConfig(Section):
         True, description="The embedded engine on CPU in float32: its large linear layers (1M weights or more) compute "
         "through a copy of their weights packed for oneDNN, 1.7-2.7x faster at decode's few rows "
         "(clawr1/serving/packed_linear.py); the copy adds up to the weights' size to the engine's memory.")
+    decode_attention: Literal["gather", "paged"] = Field(
+        "gather", description="The embedded engine's decode attention. gather: each step copies the running requests' "
+        "keys and values out of the paged pool and calls SDPA with a mask; paged: one Triton kernel reads each "
+        "request's pages in place (clawr1/serving/paged_attention.py; needs triton, on a CPU only under its "
+        "interpreter, TRITON_INTERPRET=1, for tests).")
+    decode_cuda_graph: bool = Field(
+        False, description="serve.device=cuda with serve.decode_attention=paged: each decode step replayed from a CUDA "
+        "graph captured at start for its batch-size bucket (clawr1/serving/decode_graphs.py), instead of launching "
+        "its kernels one by one.")
     device: Literal["cpu", "cuda"] = Field(
         "cpu", description="The embedded engine's device. cuda: weights and KV cache in GPU memory (use dtype "
         "bfloat16), the budget above is GPU memory; with the trainer on the same GPU each engine takes its budget "
@@ -462,6 +471,12 @@ class TrainerConfig(Section):
         "where the CPU runs it in bf16).")
     transformer_engine: typing.Annotated[Literal["auto", "on", "off"], SwitchWord] = Field(
         "auto", description="Use Transformer Engine layers; auto: when CUDA and TE are present.")
+    fused_kernels: list[Literal["rmsnorm", "swiglu", "rope", "lmhead"]] = Field(
+        default_factory=list, description="Triton kernels in place of megatron-core's unfused torch ops, without "
+        "TransformerEngine (clawr1/trainer/fused): rmsnorm (every RMSNorm), swiglu (the MLP's activation), rope (the "
+        "rotary embedding in the trainer's own core attention), lmhead (log-probs and entropy from the LM head "
+        "without its logits; tensor_parallel 1 only). Needs triton; on a CPU only under Triton's interpreter "
+        "(TRITON_INTERPRET=1, for tests). Empty: the plain ops.")
     host: str = Field("127.0.0.1", description="The address the trainer publishes weight versions on.")
     publish_port: Port = Field(0, description="PUB socket announcing WeightsPublished; 0: `clawr1 run` picks a free "
                                "port.")
@@ -754,6 +769,28 @@ class Config(Addresses, Section):
         if (self.cluster.backend == "ray" and self.serve.backend == "embedded" and self.judge.teacher != "lagged"
                 and "weight_sync" not in self.trainer.model_fields_set):
             self.trainer.weight_sync = "http"
+        return self
+
+    @model_validator(mode="after")
+    def _fused_lm_head_holds_the_whole_vocabulary(self) -> "Config":
+        if "lmhead" in self.trainer.fused_kernels and self.trainer.tensor_parallel > 1:
+            raise ValueError("trainer.fused_kernels lmhead computes the softmax over the whole vocabulary on one rank: "
+                             "it needs trainer.tensor_parallel=1")
+        return self
+
+    @model_validator(mode="after")
+    def _fused_kernels_replace_the_local_layers_only(self) -> "Config":
+        if self.trainer.fused_kernels and self.trainer.transformer_engine == "on":
+            raise ValueError("trainer.fused_kernels replace megatron-core's local (non-TransformerEngine) layers; with "
+                             "trainer.transformer_engine=on, TransformerEngine's own fused layers are used: set one")
+        return self
+
+    @model_validator(mode="after")
+    def _decode_cuda_graphs_replay_the_paged_step_on_cuda(self) -> "Config":
+        s = self.serve
+        if s.decode_cuda_graph and (s.device != "cuda" or s.decode_attention != "paged"):
+            raise ValueError("serve.decode_cuda_graph replays the paged decode step on a GPU: it needs "
+                             "serve.device=cuda and serve.decode_attention=paged")
         return self
 
     @model_validator(mode="after")

@@ -101,7 +101,7 @@ SLOW_FIRST = ("tests/e2e/test_real_model.py", "tests/sglang/test_run.py", "tests
               "tests/e2e/test_ray.py", "tests/trainer/test_resume.py", "tests/e2e/test_chaos.py",
               "tests/e2e/test_tinker.py", "tests/gateway/test_ingest.py", "tests/e2e/test_lora_users.py",
               "tests/benchmarks/test_gpu_loops.py", "tests/gateway/test_routing.py", "tests/envs/test_gui_tasks.py",
-              "tests/trainer/test_lora.py", "tests/trainer/test_parallel.py", "tests/trainer/test_publish.py",
+              "tests/trainer/test_fused.py", "tests/trainer/test_lora.py", "tests/trainer/test_parallel.py", "tests/trainer/test_publish.py",
               "tests/e2e/test_swe.py", "tests/e2e/test_gui.py")
 
 

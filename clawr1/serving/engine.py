@@ -145,7 +145,8 @@ class Engine:
 
     def __init__(self, model_path: str | Path, dtype: str = "float32", max_running: int = 32,
                  weight_version: int = 0, max_context: Optional[int] = None, max_loras: int = 0, max_lora_rank: int = 64,
-                 device: str = "cpu", max_total_tokens: Optional[int] = None, prepack: bool = False):
+                 device: str = "cpu", max_total_tokens: Optional[int] = None, prepack: bool = False,
+                 decode_attention: str = "gather", decode_cuda_graph: bool = False):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if max_loras and device != "cpu":
@@ -165,7 +166,8 @@ class Engine:
         if self.max_total_tokens < self.max_context:
             raise ValueError(f"a KV pool of {self.max_total_tokens} tokens cannot hold one request of the context "
                              f"length {self.max_context}")
-        self.runner = ModelRunner(model, slots=max_running, pool_tokens=self.max_total_tokens)
+        self.runner = ModelRunner(model, slots=max_running, pool_tokens=self.max_total_tokens,
+                                  decode_attention=decode_attention, cuda_graph=decode_cuda_graph)
         # LoRA (SGLang's --enable-lora): adapters by name, chosen per request; 0 adapters: LoRA is off
         self.adapters = AdapterBank(model, max_loras, max_lora_rank) if max_loras else None
         self.weight_version = weight_version

@@ -21,6 +21,8 @@ requests on a weight change and prefills them again (clawr1/serving/engine.py).
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -51,6 +53,7 @@ class TokenPool:
         self.tokens = pages * PAGE_TOKENS
         self.device = device
         self.lengths = torch.zeros(slots, dtype=torch.long, device=device)
+        self.page_table = torch.zeros(slots, pages, dtype=torch.int32, device=device)  # each slot's pages, in order
         self.positions: list[torch.Tensor] = [torch.empty(0, dtype=torch.long, device=device)] * slots
         self.free_slots = list(range(slots - 1, -1, -1))
         self.free_pages = list(range(pages - 1, -1, -1))
@@ -71,6 +74,7 @@ class TokenPool:
         slot = self.free_slots.pop()
         pages = torch.tensor([self.free_pages.pop() for _ in range(self.pages_for(tokens))], device=self.device)
         self.positions[slot] = (pages[:, None] * PAGE_TOKENS + torch.arange(PAGE_TOKENS, device=self.device)).flatten()
+        self.page_table[slot, :pages.numel()] = pages.to(torch.int32)
         self.lengths[slot] = 0
         return slot
 
@@ -89,8 +93,24 @@ class TokenPool:
         return torch.stack(rows)
 
 
+def _check_triton(device: torch.device) -> None:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        raise RuntimeError("serve.decode_attention=paged needs triton, which is not installed") from None
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("serve.decode_attention=paged: Triton's kernels run on a CPU only under its interpreter "
+                           "(TRITON_INTERPRET=1, slow: for tests); on a CPU use serve.decode_attention=gather")
+
+
 class ModelRunner:
-    def __init__(self, hf_model: torch.nn.Module, slots: int, pool_tokens: int):
+    def __init__(self, hf_model: torch.nn.Module, slots: int, pool_tokens: int, decode_attention: str = "gather",
+                 cuda_graph: bool = False):
+        if decode_attention not in ("gather", "paged"):
+            raise ValueError(f"decode_attention is gather or paged, not {decode_attention!r}")
+        self.paged = decode_attention == "paged"  # serve.decode_attention
+        if self.paged:
+            _check_triton(next(hf_model.parameters()).device)
         self.model = hf_model.eval()
         cfg = hf_model.config
         self.config = cfg
@@ -101,8 +121,15 @@ class ModelRunner:
         self.lm_head = hf_model.lm_head
         weight = next(hf_model.parameters())
         self.device = weight.device
-        self.cache = TokenPool(cfg.num_hidden_layers, slots, pool_tokens, self.kv_heads, self.head_dim, weight.dtype,
-                               self.device)
+        # with CUDA graphs, one more slot: the padding rows' scratch (clawr1/serving/decode_graphs.py)
+        scratch = 1 if cuda_graph else 0
+        self.cache = TokenPool(cfg.num_hidden_layers, slots + scratch, pool_tokens + PAGE_TOKENS * scratch,
+                               self.kv_heads, self.head_dim, weight.dtype, self.device)
+        self.graphs = None
+        if cuda_graph:
+            from clawr1.serving.decode_graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs(self, slots)
 
     @torch.inference_mode()
     def prefill(self, ids: torch.Tensor, slot: int) -> torch.Tensor:
@@ -127,6 +154,10 @@ class ModelRunner:
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, slots: list[int]) -> torch.Tensor:
         """Hidden states [B, hidden] after one more token for each slot; the caches grow by one."""
+        if self.graphs is not None:
+            return self.graphs.decode(tokens, slots)
+        if self.paged:
+            return self._decode_paged(tokens, torch.tensor(slots, device=self.device))
         slot_idx = torch.tensor(slots, device=self.device)
         positions = self.cache.lengths[slot_idx]
         longest = int(positions.max()) + 1
@@ -144,6 +175,28 @@ class ModelRunner:
             ks, vs = keys[index].transpose(1, 2), values[index].transpose(1, 2)  # [B, kv_heads, L, hd]
             out = F.scaled_dot_product_attention(q[:, :, None], ks, vs, attn_mask=mask, enable_gqa=True)  # [B, heads, 1, hd]
             x = x + layer.self_attn.o_proj(out[:, :, 0].reshape(len(slots), -1))[None]
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        self.cache.lengths[slot_idx] += 1
+        return self.decoder.norm(x)[0]
+
+    def _decode_paged(self, tokens: torch.Tensor, slot_idx: torch.Tensor) -> torch.Tensor:
+        """decode with the attention read from the pool in place (serve.decode_attention=paged): no host work per
+        request, and every tensor's shape fixed by the batch size."""
+        from clawr1.serving.paged_attention import paged_decode_attention
+
+        positions = self.cache.lengths[slot_idx]
+        table = self.cache.page_table[slot_idx]
+        written = table.gather(1, (positions // PAGE_TOKENS)[:, None])[:, 0].long() * PAGE_TOKENS + positions % PAGE_TOKENS
+        attend = (positions + 1).to(torch.int32)  # each slot's filled part, the new token included
+        x = self.decoder.embed_tokens(tokens)[None]  # [1, B, hidden]
+        cos, sin = self._rotary(x, positions)
+        for i, layer in enumerate(self.decoder.layers):
+            q, k, v = self._qkv(layer, layer.input_layernorm(x)[0], cos, sin)  # [B, heads, hd]
+            self.cache.keys[i][written] = k
+            self.cache.values[i][written] = v
+            out = paged_decode_attention(q, self.cache.keys[i], self.cache.values[i], table, attend, PAGE_TOKENS,
+                                         self.head_dim ** -0.5)
+            x = x + layer.self_attn.o_proj(out.reshape(slot_idx.numel(), -1))[None]
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         self.cache.lengths[slot_idx] += 1
         return self.decoder.norm(x)[0]

@@ -16,6 +16,7 @@ batches again, identically: no acknowledged sample is lost or trained twice.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Optional
 
@@ -64,13 +65,28 @@ def use_transformer_engine(setting: str) -> bool:
     return True
 
 
+def fused_kernels(names: list[str]) -> tuple[str, ...]:
+    """trainer.fused_kernels, checked where the kernels will run: triton importable, and on a CPU its interpreter."""
+    if not names:
+        return ()
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        raise RuntimeError(f"trainer.fused_kernels={names} needs triton, which is not installed") from None
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError(f"trainer.fused_kernels={names}: Triton's kernels run on a CPU only under its interpreter "
+                           "(TRITON_INTERPRET=1, slow: for tests); on a CPU leave trainer.fused_kernels empty")
+    return tuple(dict.fromkeys(names))
+
+
 def build(cfg: Config, par: ParallelInfo, model_path) -> tuple[Policy, object]:
     t = cfg.trainer
     cuda = torch.cuda.is_available()
     dtype = torch.bfloat16 if t.precision == "bf16" else torch.float32
     if dtype == torch.bfloat16 and not cuda:
         dtype = cpu_base_dtype(cfg)
-    policy = build_policy(model_path, par.tp, par.tp_rank, dtype=dtype, use_te=use_transformer_engine(t.transformer_engine))
+    policy = build_policy(model_path, par.tp, par.tp_rank, dtype=dtype, use_te=use_transformer_engine(t.transformer_engine),
+                          fused=fused_kernels(t.fused_kernels))
     if cfg.lora.enabled:
         return policy, add_lora(policy, cfg, par)
     if cuda:
@@ -126,7 +142,8 @@ class Trainer:
         self.ref_policy = None
         if cfg.algo.kl_coef:  # the frozen initial policy, for the KL regularizer
             self.ref_policy = build_policy(self.model_path, par.tp, par.tp_rank, dtype=self.policy.model.config.params_dtype,
-                                           use_te=use_transformer_engine(cfg.trainer.transformer_engine))
+                                           use_te=use_transformer_engine(cfg.trainer.transformer_engine),
+                                           fused=fused_kernels(cfg.trainer.fused_kernels))
             self.ref_policy.model.requires_grad_(False)
             if torch.cuda.is_available():
                 self.ref_policy.model.cuda()

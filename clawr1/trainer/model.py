@@ -24,7 +24,7 @@ def _left_as_allocated(weight: Tensor) -> None:
     """megatron's init_method for weights that are loaded right after building: no random draw."""
 
 
-def transformer_config(a: ArchSpec, tp: int, dtype: torch.dtype):
+def transformer_config(a: ArchSpec, tp: int, dtype: torch.dtype, fused: tuple[str, ...] = ()):
     from megatron.core.transformer import TransformerConfig
 
     return TransformerConfig(
@@ -43,19 +43,43 @@ def transformer_config(a: ArchSpec, tp: int, dtype: torch.dtype):
         # our loss is already divided by the whole batch's token count: megatron's DDP must sum gradients
         # over data-parallel ranks, not average them (else grad norms and clipping are dp times off on GPU)
         calculate_per_token_loss=True,
+        # despite the name, this only makes megatron's MLP build its activation from the layer spec (FusedSwiGLU)
+        use_te_activation_func="swiglu" in fused,
     )
 
 
-def layer_spec(a: ArchSpec, use_te: bool):
+def layer_spec(a: ArchSpec, use_te: bool, fused: tuple[str, ...] = ()):
+    """The decoder's spec: TransformerEngine's layers, or megatron's local ones with our core attention and the
+    `fused` Triton kernels (trainer.fused_kernels) in place of the plain norm, activation and rotary."""
     from megatron.core.models.gpt import gpt_layer_specs
+    from megatron.core.transformer.spec_utils import ModuleSpec
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
     if use_te:  # TransformerEngine's attention takes packed sequences natively
+        if fused:
+            raise ValueError(f"trainer.fused_kernels {list(fused)} replace the local layers, not TransformerEngine's")
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=a.qk_norm)
     from clawr1.trainer.varlen_attention import VarlenCoreAttention
 
     spec = gpt_layer_specs.get_gpt_layer_local_spec(qk_layernorm=a.qk_norm, normalization="RMSNorm")
-    spec.submodules.self_attention.submodules.core_attention = VarlenCoreAttention
-    return spec
+    attention = spec.submodules.self_attention.submodules
+    attention.core_attention = ModuleSpec(module=VarlenCoreAttention, params={"fused_rope": "rope" in fused})
+    if not fused:
+        return spec
+    final_norm = None
+    if "rmsnorm" in fused:
+        from clawr1.trainer.fused.rmsnorm import FusedRMSNorm
+
+        spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = final_norm = FusedRMSNorm
+        if a.qk_norm:
+            attention.q_layernorm = attention.k_layernorm = FusedRMSNorm
+    if "swiglu" in fused:
+        from clawr1.trainer.fused.swiglu import FusedSwiGLU
+
+        spec.submodules.mlp.submodules.activation_func = FusedSwiGLU
+    if final_norm is None:
+        return spec
+    return TransformerBlockSubmodules(layer_specs=[spec] * a.num_layers, layer_norm=final_norm)
 
 
 def padded_vocab_size(vocab: int, tp: int) -> int:
@@ -77,6 +101,8 @@ class Policy:
     hf_config: object
     tp: int
     lora: Optional[object] = None  # clawr1.trainer.lora.LoraAdapters when the run trains adapters
+    fused: tuple[str, ...] = ()  # trainer.fused_kernels it was built with
+
 
     @property
     def vocab(self) -> int:
@@ -84,8 +110,10 @@ class Policy:
 
 
 def build_policy(hf_path: str | Path, tp: int = 1, tp_rank: int = 0, dtype: torch.dtype = torch.float32,
-                 use_te: bool = False) -> Policy:
-    """GPTModel with the HF checkpoint's weights (this rank's shard)."""
+                 use_te: bool = False, fused: tuple[str, ...] = ()) -> Policy:
+    """GPTModel with the HF checkpoint's weights (this rank's shard); `fused`: trainer.fused_kernels."""
+    if "lmhead" in fused and tp > 1:
+        raise ValueError("the fused LM head (trainer.fused_kernels lmhead) needs the whole vocabulary on one rank: tp=1")
     from megatron.core.models.gpt import GPTModel
     from transformers import AutoConfig
 
@@ -95,7 +123,7 @@ def build_policy(hf_path: str | Path, tp: int = 1, tp_rank: int = 0, dtype: torc
     a = ArchSpec.from_hf(hf_config)
     vocab = padded_vocab_size(a.vocab, tp)
     model = GPTModel(
-        config=transformer_config(a, tp, dtype), transformer_layer_spec=layer_spec(a, use_te), vocab_size=vocab,
+        config=transformer_config(a, tp, dtype, fused), transformer_layer_spec=layer_spec(a, use_te, fused), vocab_size=vocab,
         max_sequence_length=a.max_positions, pre_process=True, post_process=True,
         share_embeddings_and_output_weights=a.tied, position_embedding_type="rope", rotary_base=int(a.rope_theta),
     )
@@ -104,7 +132,7 @@ def build_policy(hf_path: str | Path, tp: int = 1, tp_rank: int = 0, dtype: torc
         model.rotary_pos_emb.inv_freq.copy_(hf_inv_freq(hf_config))
     state = hf_to_megatron(load_hf_state(Path(hf_path)), a, tp_rank, tp, padded_vocab=vocab)
     load_megatron_state(model, to_te_names(state) if use_te else state)
-    return Policy(model=model, arch=a, hf_config=hf_config, tp=tp)
+    return Policy(model=model, arch=a, hf_config=hf_config, tp=tp, fused=tuple(fused))
 
 
 def cast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> None:
@@ -226,6 +254,11 @@ def logprobs_and_entropy(policy: Policy, hidden: Tensor, targets: Tensor, temper
 
     extra = None if extra_ids is None else extra_ids.to(hidden.device)
     temps = _row_temperatures(temperature, hidden.shape[0], hidden.device)
+    if "lmhead" in policy.fused:  # tp=1 (build_policy): the whole vocabulary, no padding rows
+        from clawr1.trainer.fused.lm_head import logprob_entropy
+
+        head = weight if weight is not None else m.output_layer.weight
+        return logprob_entropy(hidden, head, targets.to(hidden.device), 1.0 / temps, extra)
     return chunked_logprob_entropy(hidden, targets.to(hidden.device), logits_fn, tp_rank * shard, group, chunk_tokens,
                                    extra, temps, padded=padded)
 

@@ -85,8 +85,12 @@ class PackedRotaryParams(PackedSeqParams):
 class VarlenCoreAttention(MegatronModule):
     def __init__(self, config: TransformerConfig, layer_number: int, attn_mask_type: AttnMaskType,
                  attention_type: str, attention_dropout: Optional[float] = None,
-                 softmax_scale: Optional[float] = None, cp_comm_type: Optional[str] = None, pg_collection=None):
+                 softmax_scale: Optional[float] = None, cp_comm_type: Optional[str] = None, pg_collection=None,
+                 fused_rope: bool = False):
         super().__init__(config=config)
+        if fused_rope and (config.rotary_interleaved or config.multi_latent_attention):
+            raise ValueError("the fused rotary kernel does the plain (not interleaved, not MLA) rotary only")
+        self.fused_rope = fused_rope  # trainer.fused_kernels has rope: clawr1/trainer/fused/rope.py
         if config.context_parallel_size != 1:
             raise ValueError("VarlenCoreAttention does not do context parallelism (use TransformerEngine on GPU)")
         tp = config.tensor_model_parallel_size
@@ -111,6 +115,10 @@ class VarlenCoreAttention(MegatronModule):
 
     def rotate(self, t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
         """What megatron's unfused packed rotary computes: [t, heads, dim] as one [t, 1, heads, dim] row."""
+        if self.fused_rope:
+            from clawr1.trainer.fused.rope import rotary
+
+            return rotary(t, freqs)
         return _apply_rotary_pos_emb_bshd(t.unsqueeze(1), freqs, rotary_interleaved=self.config.rotary_interleaved,
                                           multi_latent_attention=self.config.multi_latent_attention).squeeze(1)
 

@@ -47,6 +47,10 @@ def test_cpu_mode_measures_both_attention_forms_and_profiles_and_a_failed_stage_
     assert abs(sum(prof["groups_share"].values()) - 1.0) <= 0.001 * len(prof["groups_share"])  # rounded to 3 places
     assert prof["groups_ms"]["matmul"] > 0
     assert "compiled" not in tiny  # CUDA only
+    fused = tiny["fused"]  # no triton in this environment: the plain model measured, each kernel's refusal named
+    assert fused["plain"]["tokens_per_s"] > 0 and not fused["ok"]
+    for name in ("rmsnorm", "swiglu", "rope", "lmhead", "all"):
+        assert "needs triton" in fused[name]["error"], fused[name]
     assert r["summary"]["tiny"]["masked/core"]["tokens_per_s"] == att["masked/core"]["tokens_per_s"]
 
 
