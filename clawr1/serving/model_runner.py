@@ -21,10 +21,10 @@ requests on a weight change and prefills them again (clawr1/serving/engine.py).
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
+
+from clawr1.triton_kernels import require_triton
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -93,16 +93,6 @@ class TokenPool:
         return torch.stack(rows)
 
 
-def _check_triton(device: torch.device) -> None:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        raise RuntimeError("serve.decode_attention=paged needs triton, which is not installed") from None
-    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError("serve.decode_attention=paged: Triton's kernels run on a CPU only under its interpreter "
-                           "(TRITON_INTERPRET=1, slow: for tests); on a CPU use serve.decode_attention=gather")
-
-
 class ModelRunner:
     def __init__(self, hf_model: torch.nn.Module, slots: int, pool_tokens: int, decode_attention: str = "gather",
                  cuda_graph: bool = False):
@@ -110,7 +100,8 @@ class ModelRunner:
             raise ValueError(f"decode_attention is gather or paged, not {decode_attention!r}")
         self.paged = decode_attention == "paged"  # serve.decode_attention
         if self.paged:
-            _check_triton(next(hf_model.parameters()).device)
+            require_triton("serve.decode_attention=paged", next(hf_model.parameters()).device.type == "cpu",
+                           "use serve.decode_attention=gather")
         self.model = hf_model.eval()
         cfg = hf_model.config
         self.config = cfg

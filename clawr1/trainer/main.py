@@ -16,7 +16,6 @@ batches again, identically: no acknowledged sample is lost or trained twice.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Optional
 
@@ -30,6 +29,7 @@ from clawr1.protocol import Batch
 from clawr1.runtime import mark_ready, setup_logging, stop_event
 from clawr1.model_path import resolve_model_path
 from clawr1.tracking import MetricsWriter
+from clawr1.triton_kernels import require_triton
 from clawr1.trainer import checkpoint
 from clawr1.trainer.megatron_setup import ParallelInfo, init_parallel, shutdown_parallel
 from clawr1.trainer.model import Policy, build_policy
@@ -69,13 +69,7 @@ def fused_kernels(names: list[str]) -> tuple[str, ...]:
     """trainer.fused_kernels, checked where the kernels will run: triton importable, and on a CPU its interpreter."""
     if not names:
         return ()
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        raise RuntimeError(f"trainer.fused_kernels={names} needs triton, which is not installed") from None
-    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError(f"trainer.fused_kernels={names}: Triton's kernels run on a CPU only under its interpreter "
-                           "(TRITON_INTERPRET=1, slow: for tests); on a CPU leave trainer.fused_kernels empty")
+    require_triton(f"trainer.fused_kernels={names}", not torch.cuda.is_available(), "leave trainer.fused_kernels empty")
     return tuple(dict.fromkeys(names))
 
 
