@@ -5,6 +5,8 @@ Paths (`serve.decode_attention`, `serve.decode_cuda_graph`):
   gather   the plain step: keys and values copied out of the paged pool, SDPA with a mask (the baseline)
   paged    one Triton kernel reads the pool in place (clawr1/serving/paged_attention.py)
   graphs   paged, each step replayed from a CUDA graph of its batch-size bucket (CUDA only)
+  counter  graphs, and each token's random number hashed on the GPU for the whole batch (`serve.sampler: counter`)
+           instead of drawn from each request's host generator (CUDA only)
 
 Each path is a fresh in-process `Engine` on random weights of Qwen2.5-0.5B's shape (bf16, CUDA; with --device cpu
 the tiny shape in fp32, where paged runs only under TRITON_INTERPRET=1 and graphs never). For each concurrency,
@@ -35,7 +37,8 @@ from benchmarks.gpu_trainer import SHAPES, stop_on_sigterm  # noqa: E402
 from benchmarks.guarded import error_result, guarded  # noqa: E402
 
 PATHS = {"gather": dict(decode_attention="gather"), "paged": dict(decode_attention="paged"),
-         "graphs": dict(decode_attention="paged", decode_cuda_graph=True)}
+         "graphs": dict(decode_attention="paged", decode_cuda_graph=True),
+         "counter": dict(decode_attention="paged", decode_cuda_graph=True, sampler="counter")}
 
 
 def log(msg: str) -> None:
@@ -142,8 +145,8 @@ def main() -> int:
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--shape", default=None, help="a shape of benchmarks/gpu_trainer.SHAPES (default: 0.5b on CUDA, "
                                                   "tiny on CPU)")
-    ap.add_argument("--paths", default=None, help="comma-separated of gather,paged,graphs (default: all three on "
-                                                  "CUDA, gather on CPU)")
+    ap.add_argument("--paths", default=None, help="comma-separated of gather,paged,graphs,counter (default: all four "
+                                                  "on CUDA, gather on CPU)")
     ap.add_argument("--concurrency", default=None, help="default: 1,4,32,128 on CUDA, 1,4 on CPU")
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=None, help="default: 128 on CUDA, 16 on CPU")
@@ -153,7 +156,7 @@ def main() -> int:
     cuda = args.device == "cuda"
     if not cuda:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    args.paths = (args.paths or ("gather,paged,graphs" if cuda else "gather")).split(",")
+    args.paths = (args.paths or ("gather,paged,graphs,counter" if cuda else "gather")).split(",")
     args.concurrency = [int(c) for c in (args.concurrency or ("1,4,32,128" if cuda else "1,4")).split(",")]
     args.new_tokens = args.new_tokens or (128 if cuda else 16)
     if args.tokenizer_dir is None:

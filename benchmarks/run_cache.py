@@ -26,11 +26,13 @@ from clawr1.config import load_config  # noqa: E402
 # serve.sglang.device: auto is the GPU launch where there is a GPU, as before; without one SGLang could not run
 # tinker.session_ttl_s, lora.max_rank: only `clawr1 tinker-serve` reads them, which no benchmark run starts
 # gateway.engine_wait_s: only how long a request waits when no engine is up; what is served and trained is the same
-# trainer.fused_kernels, serve.decode_attention, serve.decode_cuda_graph: off, the plain ops as before
+# trainer.fused_kernels, serve.decode_attention, serve.decode_cuda_graph: off, the plain ops as before;
+# serve.sampler: generator, each request's host generator as before; trainer.share_prefixes: off, flat packs
 NEUTRAL_DEFAULTS = {("algo", "balance"): "none", ("serve", "device"): "cpu", ("serve", "sglang", "device"): "auto",
                     ("tinker", "session_ttl_s"): 45.0, ("lora", "max_rank"): 0, ("gateway", "engine_wait_s"): 30.0,
                     ("run", "fork_server"): True, ("trainer", "fused_kernels"): [],
-                    ("serve", "decode_attention"): "gather", ("serve", "decode_cuda_graph"): False}
+                    ("serve", "decode_attention"): "gather", ("serve", "decode_cuda_graph"): False,
+                    ("serve", "sampler"): "generator", ("trainer", "share_prefixes"): False}
 # a field renamed since -> its name when earlier runs were made: hashed under that name, so those runs keep theirs
 RENAMED_FIELDS = {("algo", "step_max_staleness"): ("algo", "max_staleness")}
 

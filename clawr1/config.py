@@ -218,6 +218,12 @@ class ServeConfig(Section):
         False, description="serve.device=cuda with serve.decode_attention=paged: each decode step replayed from a CUDA "
         "graph captured at start for its batch-size bucket (clawr1/serving/decode_graphs.py), instead of launching "
         "its kernels one by one.")
+    sampler: Literal["generator", "counter"] = Field(
+        "generator", description="Where the embedded engine's random number for each sampled token comes from. "
+        "generator: each request's own seeded torch.Generator on the host, one call per request and token; counter: "
+        "a hash of the request's seed and the token's index, computed for the whole batch on the engine's device "
+        "(clawr1/serving/sampling.py), the same on every device and in any batch. Either way a request with "
+        "sampling_seed repeats itself; the two give different tokens for the same seed.")
     device: Literal["cpu", "cuda"] = Field(
         "cpu", description="The embedded engine's device. cuda: weights and KV cache in GPU memory (use dtype "
         "bfloat16), the budget above is GPU memory; with the trainer on the same GPU each engine takes its budget "
@@ -471,6 +477,12 @@ class TrainerConfig(Section):
         "where the CPU runs it in bf16).")
     transformer_engine: typing.Annotated[Literal["auto", "on", "off"], SwitchWord] = Field(
         "auto", description="Use Transformer Engine layers; auto: when CUDA and TE are present.")
+    share_prefixes: bool = Field(
+        False, description="Pack each micro-batch as a prefix tree (clawr1/trainer/prefix_tree.py): tokens that "
+        "begin several of its samples (a group's prompt, a conversation's earlier turns; per LoRA slot) are computed "
+        "once, each token attending to its ancestors only. The same loss and gradients, up to rounding, from fewer "
+        "tokens; max_tokens_per_microbatch then counts the tree's tokens. Needs the trainer's own core attention "
+        "(not TransformerEngine's); its trees run one attention call each.")
     fused_kernels: list[Literal["rmsnorm", "swiglu", "rope", "lmhead"]] = Field(
         default_factory=list, description="Triton kernels in place of megatron-core's unfused torch ops, without "
         "TransformerEngine (clawr1/trainer/fused): rmsnorm (every RMSNorm), swiglu (the MLP's activation), rope (the "
@@ -776,6 +788,13 @@ class Config(Addresses, Section):
         if "lmhead" in self.trainer.fused_kernels and self.trainer.tensor_parallel > 1:
             raise ValueError("trainer.fused_kernels lmhead computes the softmax over the whole vocabulary on one rank: "
                              "it needs trainer.tensor_parallel=1")
+        return self
+
+    @model_validator(mode="after")
+    def _prefix_trees_need_the_trainers_own_attention(self) -> "Config":
+        if self.trainer.share_prefixes and self.trainer.transformer_engine == "on":
+            raise ValueError("trainer.share_prefixes packs prefix trees that only the trainer's own core attention "
+                             "masks (megatron's local layers); with trainer.transformer_engine=on set one")
         return self
 
     @model_validator(mode="after")

@@ -47,6 +47,7 @@ import torch
 from clawr1.serving.adapters import Adapter, AdapterBank, AdapterError, build_adapter
 from clawr1.serving.model_runner import ModelRunner
 from clawr1.serving.packed_linear import pack_linears
+from clawr1.serving.sampling import counter_uniform, filtered_probs, inverse_cdf
 
 log = logging.getLogger("clawr1.engine")
 
@@ -125,7 +126,8 @@ class _Running:
 
     req: GenerateRequest
     on_event: Callable[[dict], None]
-    generator: torch.Generator
+    seed: int  # its sampling_seed, or one drawn at submit
+    generator: Optional[torch.Generator]  # serve.sampler=generator: its own, seeded; counter: None
     created: float
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
@@ -146,7 +148,7 @@ class Engine:
     def __init__(self, model_path: str | Path, dtype: str = "float32", max_running: int = 32,
                  weight_version: int = 0, max_context: Optional[int] = None, max_loras: int = 0, max_lora_rank: int = 64,
                  device: str = "cpu", max_total_tokens: Optional[int] = None, prepack: bool = False,
-                 decode_attention: str = "gather", decode_cuda_graph: bool = False):
+                 decode_attention: str = "gather", decode_cuda_graph: bool = False, sampler: str = "generator"):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if max_loras and device != "cpu":
@@ -171,6 +173,7 @@ class Engine:
         # LoRA (SGLang's --enable-lora): adapters by name, chosen per request; 0 adapters: LoRA is off
         self.adapters = AdapterBank(model, max_loras, max_lora_rank) if max_loras else None
         self.weight_version = weight_version
+        self.sampler = sampler  # serve.sampler: where each token's random number comes from
         self.eos_ids = self._eos_ids(model)
         self._waiting: deque[_Running] = deque()
         self._running: list[_Running] = []
@@ -211,9 +214,9 @@ class Engine:
         """
         self._check(req)
         adapter = self._acquire_adapter(req.lora_path)
-        gen = torch.Generator()
-        gen.manual_seed(req.params.sampling_seed if req.params.sampling_seed is not None else int(torch.randint(2**62, (1,))))
-        state = _Running(req, on_event, gen, time.time(), adapter=adapter)
+        seed = req.params.sampling_seed if req.params.sampling_seed is not None else int(torch.randint(2**62, (1,)))
+        gen = torch.Generator().manual_seed(seed) if self.sampler == "generator" else None
+        state = _Running(req, on_event, seed, gen, time.time(), adapter=adapter)
         self.requests_total += 1
         with self._wake:
             self._waiting.append(state)
@@ -460,33 +463,44 @@ class Engine:
             r.input_top = [None] + ([_top(row, r.req.top_logprobs_num) for row in logp] if logp is not None else [])
 
     def _sample(self, batch: list[_Running], logits: torch.Tensor) -> None:
-        """One token for each request of the batch: log-probs batched, randomness per request (its seed)."""
-        temps = torch.tensor([1.0 if r.req.params.greedy else r.req.params.temperature for r in batch], device=self.device)
+        """One token for each request of the batch: temperatures, filters, draws and top log-probs as batch ops, then
+        one copy of the tokens to the host; the rest is each request's bookkeeping."""
+        params = [r.req.params for r in batch]
+        greedy = torch.tensor([p.greedy for p in params], device=self.device)
+        temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=self.device)
         logp = torch.log_softmax(logits / temps[:, None], dim=-1)
-        probs = logp.exp()
-        u = torch.stack([torch.rand((), generator=r.generator) for r in batch])  # each request's own CPU generator
-        for i, r in enumerate(batch):
-            if r.req.params.greedy:
-                u[i] = -1.0  # marks greedy rows
-            elif _filters(r.req.params):
-                probs[i] = _filtered_probs(logp[i], r.req.params)
-        u = u.to(self.device)
-        cdf = probs.cumsum(dim=-1)
-        sampled = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None])[:, 0].clamp(max=logits.shape[-1] - 1)
-        tokens = torch.where(u < 0, logits.argmax(dim=-1), sampled).tolist()
-        chosen = logp.gather(1, torch.tensor(tokens, device=self.device)[:, None])[:, 0].tolist()
+        probs = self._filtered(logp, params) if any(map(_filters, params)) else logp.exp()
+        picked = torch.where(greedy, logits.argmax(dim=-1), inverse_cdf(probs, self._uniforms(batch)))
+        tokens = picked.tolist()
+        chosen = logp.gather(1, picked[:, None])[:, 0].tolist()
+        tops = _tops(logp, [r.req.top_logprobs_num for r in batch])
         for i, (r, token, lp) in enumerate(zip(batch, tokens, chosen)):
             r.output_ids.append(token)
             self.tokens_total += 1
             r.output_logprobs.append(lp)
             r.versions.append(self._version_of(r))
-            if r.req.top_logprobs_num > 0:
-                r.output_top.append(_top(logp[i], r.req.top_logprobs_num))
+            if tops[i] is not None:
+                r.output_top.append(tops[i])
             r.finish = self._finish_reason(r, token)
             if r.finish is not None:
                 self._finish(r, r.finish)
             elif r.req.stream:
                 r.on_event({"type": "token", **self.result(r)})
+
+    def _uniforms(self, batch: list[_Running]) -> torch.Tensor:
+        """Each request's random number in [0, 1) for its next token (greedy rows draw one too, and ignore it)."""
+        if self.sampler == "generator":  # each request's own generator on the host, one call per request
+            return torch.stack([torch.rand((), generator=r.generator) for r in batch]).to(self.device)
+        seeds = torch.tensor([r.seed for r in batch], dtype=torch.int64, device=self.device)
+        counters = torch.tensor([len(r.output_ids) for r in batch], dtype=torch.int64, device=self.device)
+        return counter_uniform(seeds, counters)
+
+    def _filtered(self, logp: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+        def column(values: list, dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype, device=self.device)
+
+        return filtered_probs(logp, column([p.top_k for p in params], torch.int64),
+                              column([p.top_p for p in params], logp.dtype), column([p.min_p for p in params], logp.dtype))
 
     def _finish_reason(self, r: _Running, token: int) -> Optional[dict]:
         p = r.req.params
@@ -554,22 +568,18 @@ def _top(logp: torch.Tensor, k: int) -> list[list]:
     return [[v, i, None] for v, i in zip(values.tolist(), ids.tolist())]
 
 
+def _tops(logp: torch.Tensor, ks: list[int]) -> list[Optional[list[list]]]:
+    """Each row's k largest log-probs as SGLang's [logprob, id, None] entries (None where k is 0), one topk for all."""
+    kmax = min(max(ks), logp.shape[-1])
+    if kmax <= 0:
+        return [None] * len(ks)
+    values, ids = (t.tolist() for t in logp.topk(kmax, dim=-1))
+    return [[[v, i, None] for v, i in zip(values[row][:k], ids[row][:k])] if k > 0 else None
+            for row, k in enumerate(ks)]
+
+
 def _filters(p: SamplingParams) -> bool:
     return (0 < p.top_k < 1 << 30) or p.top_p < 1.0 or p.min_p > 0
-
-
-def _filtered_probs(logp: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    probs = logp.exp()
-    if p.top_k > 0 and p.top_k < probs.numel():
-        kth = probs.topk(p.top_k).values[-1]
-        probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
-    if p.top_p < 1.0:
-        sorted_p, order = probs.sort(descending=True)
-        keep = sorted_p.cumsum(0) - sorted_p < p.top_p
-        probs = torch.zeros_like(probs).scatter(0, order, sorted_p * keep)
-    if p.min_p > 0:
-        probs = torch.where(probs >= p.min_p * probs.max(), probs, torch.zeros_like(probs))
-    return probs
 
 
 def _version_spans(versions: list[int]) -> list[dict]:

@@ -98,7 +98,8 @@ def main(cfg: Config) -> int:
     engine = Engine(path, dtype=dtype, max_running=s.max_running_requests, max_context=plan.context,
                     weight_version=s.weight_version, max_loras=s.max_loras, max_lora_rank=s.max_lora_rank,
                     device=s.device, max_total_tokens=plan.pool_tokens, prepack=prepack,
-                    decode_attention=s.decode_attention, decode_cuda_graph=s.decode_cuda_graph)
+                    decode_attention=s.decode_attention, decode_cuda_graph=s.decode_cuda_graph,
+                    sampler=s.sampler)
     log.info("engine on %s serving %s on %s (up to %d requests of up to %d tokens; weights %.2f GiB + a KV pool of "
              "%d tokens, %.2f GiB)", cfg.engine_url, path, s.device, plan.slots, plan.context,
              plan.weights_bytes / GIB, plan.pool_tokens, plan.kv_cache_bytes / GIB)

@@ -81,6 +81,7 @@ def build(cfg: Config, par: ParallelInfo, model_path) -> tuple[Policy, object]:
         dtype = cpu_base_dtype(cfg)
     policy = build_policy(model_path, par.tp, par.tp_rank, dtype=dtype, use_te=use_transformer_engine(t.transformer_engine),
                           fused=fused_kernels(t.fused_kernels))
+    policy.share_prefixes = t.share_prefixes
     if cfg.lora.enabled:
         return policy, add_lora(policy, cfg, par)
     if cuda:

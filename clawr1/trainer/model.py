@@ -102,6 +102,7 @@ class Policy:
     tp: int
     lora: Optional[object] = None  # clawr1.trainer.lora.LoraAdapters when the run trains adapters
     fused: tuple[str, ...] = ()  # trainer.fused_kernels it was built with
+    share_prefixes: bool = False  # trainer.share_prefixes: micro-batches packed as prefix trees
 
 
     @property
@@ -165,18 +166,24 @@ def megatron_state(model: torch.nn.Module) -> dict[str, Tensor]:
 # ---------------------------------------------------------------- packed forward
 @dataclass
 class Packed:
-    """Samples laid end to end in one row."""
+    """Samples laid end to end in one row, or as a prefix tree (trainer.share_prefixes)."""
 
     input_ids: Tensor  # [1, T]
-    position_ids: Tensor  # [1, T], restarting at 0 for every sample
-    lengths: list[int]  # tokens of each sample
+    position_ids: Tensor  # [1, T], restarting at 0 for every sample (a tree: each token's depth)
+    lengths: list[int]  # tokens of each sample (a tree: of each tree)
     predict_at: Tensor  # [R] positions whose next-token prediction is a response token
     targets: Tensor  # [R] those response tokens
     sample_index: Tensor  # [R] which sample each response token belongs to
     token_slots: Optional[Tensor] = None  # [T] the LoRA slot each token goes through (-1: the base alone)
+    tree_masks: Optional[list[Optional[Tensor]]] = None  # a tree: per entry of lengths, its ancestor mask (None: causal)
 
 
-def pack(token_lists: list[list[int]], prompt_lens: list[int], slots: Optional[list[int]] = None) -> Packed:
+def pack(token_lists: list[list[int]], prompt_lens: list[int], slots: Optional[list[int]] = None,
+         share_prefixes: bool = False) -> Packed:
+    """The samples in one row. With `share_prefixes`, as a prefix tree (clawr1/trainer/prefix_tree.py): tokens that
+    begin several samples (with the same LoRA slot) are packed once."""
+    if share_prefixes:
+        return _pack_tree(token_lists, prompt_lens, slots)
     ids, pos, predict_at, targets, owner = [], [], [], [], []
     offset = 0
     for i, (toks, p) in enumerate(zip(token_lists, prompt_lens)):
@@ -194,6 +201,23 @@ def pack(token_lists: list[list[int]], prompt_lens: list[int], slots: Optional[l
     )
 
 
+def _pack_tree(token_lists: list[list[int]], prompt_lens: list[int], slots: Optional[list[int]]) -> Packed:
+    from clawr1.trainer.prefix_tree import build_prefix_tree
+
+    tree = build_prefix_tree(token_lists, slots if slots is not None else [0] * len(token_lists))
+    predict_at, targets, owner = [], [], []
+    for i, (toks, p) in enumerate(zip(token_lists, prompt_lens)):
+        predict_at += tree.paths[i][p - 1:len(toks) - 1]  # the node before each response token
+        targets += toks[p:]
+        owner += [i] * (len(toks) - p)
+    return Packed(
+        input_ids=torch.tensor([tree.tokens]), position_ids=torch.tensor([tree.depth]),
+        lengths=[b - a for a, b in tree.spans], predict_at=torch.tensor(predict_at, dtype=torch.long),
+        targets=torch.tensor(targets, dtype=torch.long), sample_index=torch.tensor(owner, dtype=torch.long),
+        token_slots=None if slots is None else torch.tensor(tree.slot), tree_masks=tree.masks(),
+    )
+
+
 def hidden_states(policy: Policy, packed: Packed) -> Tensor:
     """Final hidden states [T, hidden] of a packed row."""
     from clawr1.trainer.varlen_attention import applies_rotary, packed_seq_params
@@ -204,7 +228,11 @@ def hidden_states(policy: Policy, packed: Packed) -> Tensor:
     emb = m.embedding(input_ids=ids, position_ids=pos)  # [T, 1, H]
     rotary = m.rotary_pos_emb(max(packed.lengths), packed_seq=True)  # [longest, 1, 1, dim]: angles by position
     if applies_rotary(m):  # each token's angles to our core attention, which rotates the whole pack at once
-        params, rotary = packed_seq_params(packed.lengths, device, rotary_freqs=rotary[pos[0]]), None
+        params, rotary = packed_seq_params(packed.lengths, device, rotary_freqs=rotary[pos[0]],
+                                           tree_masks=packed.tree_masks), None
+    elif packed.tree_masks is not None:
+        raise ValueError("trainer.share_prefixes needs the trainer's own core attention (megatron's local layers), "
+                         "not TransformerEngine's: set trainer.transformer_engine=off")
     else:
         params = packed_seq_params(packed.lengths, device)
     routing = policy.lora.route(packed.token_slots) if policy.lora is not None else contextlib.nullcontext()

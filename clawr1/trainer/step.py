@@ -29,18 +29,27 @@ from clawr1.protocol import Sample
 from clawr1.trainer.model import Packed, Policy, logprobs_and_entropy, pack, packed_logprobs_entropy, response_hidden
 from clawr1.trainer.optim import SlotAdamW
 from clawr1.trainer.parallel import all_reduce_max, all_reduce_sum, dp_shard
+from clawr1.trainer.prefix_tree import shared_order
 
 
-def micro_batches(samples: list[Sample], max_tokens: int) -> list[list[Sample]]:
-    """Consecutive samples packed up to `max_tokens` each (a longer sample gets a micro-batch of its own)."""
+def micro_batches(samples: list[Sample], max_tokens: int, share_prefixes: bool = False) -> list[list[Sample]]:
+    """Consecutive samples packed up to `max_tokens` each (a longer sample gets a micro-batch of its own).
+
+    With `share_prefixes` (trainer.share_prefixes) the samples are first put in an order that keeps shared
+    prefixes together, and a micro-batch's tokens are those of its prefix tree: a sample adds only the tokens it
+    does not share with the one before it."""
+    order, costs = list(range(len(samples))), [len(s.tokens) for s in samples]
+    if share_prefixes:
+        order, costs = shared_order([s.tokens for s in samples], [s.adapter_slot for s in samples])
     out: list[list[Sample]] = []
     current, size = [], 0
-    for s in samples:
-        if current and size + len(s.tokens) > max_tokens:
+    for i, cost in zip(order, costs):
+        if current and size + cost > max_tokens:
             out.append(current)
-            current, size = [], 0
-        current.append(s)
-        size += len(s.tokens)
+            current, size = [], len(samples[i].tokens)  # a new micro-batch shares nothing with the last one
+        else:
+            size += cost
+        current.append(samples[i])
     if current:
         out.append(current)
     return out
@@ -244,9 +253,10 @@ def _student_logprobs(policy: Policy, samples: list[Sample], packed, chunk_token
 
 
 def pack_samples(policy: Policy, samples: list[Sample]) -> Packed:
-    """The samples in one packed row; with LoRA, each sample's tokens routed to its adapter slot."""
+    """The samples in one packed row (a prefix tree with trainer.share_prefixes); with LoRA, each sample's tokens
+    routed to its adapter slot."""
     slots = [s.adapter_slot for s in samples] if policy.lora is not None else None
-    return pack([s.tokens for s in samples], [s.prompt_len for s in samples], slots)
+    return pack([s.tokens for s in samples], [s.prompt_len for s in samples], slots, policy.share_prefixes)
 
 
 @dataclass
@@ -353,7 +363,7 @@ def micro_batch_loss(policy: Policy, samples: list[Sample], plan: BatchPlan, alg
 def _old_logprobs(policy: Policy, samples: list[Sample], max_tokens: int, chunk_tokens: int) -> OldLogprobs:
     old = OldLogprobs({}, {})
     with torch.no_grad():
-        for mb in micro_batches(samples, max_tokens):
+        for mb in micro_batches(samples, max_tokens, policy.share_prefixes):
             packed = pack_samples(policy, mb)
             at_sample, _, _, at_teacher = _student_logprobs(policy, mb, packed, chunk_tokens, None)
             lengths = [s.response_len for s in mb]
@@ -397,7 +407,7 @@ def train_step(policy: Policy, optimizer, samples: list[Sample], algo: AlgoConfi
     for _ in range(algo.ppo_epochs):
         for totals, shard in shards:
             optimizer.zero_grad()
-            for mb in micro_batches(shard, max_tokens_per_microbatch):
+            for mb in micro_batches(shard, max_tokens_per_microbatch, policy.share_prefixes):
                 loss = micro_batch_loss(policy, mb, plan, algo, totals, chunk_tokens, old, ref_policy, sums)
                 loss.backward()
             # every rank steps, with or without samples (it joins the all-reduces); LoRA: the slots with data

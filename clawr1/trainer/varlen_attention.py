@@ -12,6 +12,8 @@ local layer spec in its place. Attention never crosses packed sequences
   per_sequence  one causal SDPA call per packed sequence (a Python loop; any device)
 
 `auto` picks varlen where it can run and per_sequence elsewhere (CPU, fp32).
+A pack laid out as prefix trees (trainer.share_prefixes) always runs per_sequence, each tree with its ancestor
+mask: a token attends to itself and its ancestors only.
 
 Rotary embeddings: megatron applies them per packed sequence, with a device sync (`.tolist()`) twice
 per layer, which stops the CPU from queueing work ahead of the GPU. With `PackedRotaryParams` the
@@ -80,6 +82,8 @@ def resolve_attention(kind: str, device: torch.device, dtype: torch.dtype) -> st
 @dataclass
 class PackedRotaryParams(PackedSeqParams):
     rotary_freqs: Optional[torch.Tensor] = None  # [t, 1, 1, rotary dim]: each packed token's rotary angles
+    # a prefix tree (clawr1/trainer/prefix_tree.py): per packed sequence, its [n, n] ancestor mask (None: causal)
+    tree_masks: Optional[list[Optional[torch.Tensor]]] = None
 
 
 class VarlenCoreAttention(MegatronModule):
@@ -109,6 +113,8 @@ class VarlenCoreAttention(MegatronModule):
         freqs = getattr(packed_seq_params, "rotary_freqs", None)
         if freqs is not None:  # megatron skipped rotary (the model passed none): apply it here, to the whole pack
             query, key = self.rotate(query, freqs), self.rotate(key, freqs)
+        if getattr(packed_seq_params, "tree_masks", None) is not None:  # each tree on its own, whatever the kind
+            return self.per_sequence(query, key, value, packed_seq_params)
         kind = resolve_attention(_chosen_kind, query.device, query.dtype)
         attend = {"varlen": self.varlen, "masked": self.masked, "per_sequence": self.per_sequence}[kind]
         return attend(query, key, value, packed_seq_params)  # query/key/value: [t, heads, head_dim]
@@ -123,13 +129,16 @@ class VarlenCoreAttention(MegatronModule):
                                           multi_latent_attention=self.config.multi_latent_attention).squeeze(1)
 
     def per_sequence(self, query, key, value, params: PackedSeqParams) -> torch.Tensor:
+        """One SDPA call per packed sequence: causal, or a prefix tree's ancestor mask."""
         bounds = params.cu_seqlens_q.tolist()
+        masks = getattr(params, "tree_masks", None) or [None] * (len(bounds) - 1)
         outputs = []
-        for start, end in zip(bounds[:-1], bounds[1:]):
+        for start, end, mask in zip(bounds[:-1], bounds[1:], masks):
             q = query[start:end].transpose(0, 1)
             k = key[start:end].transpose(0, 1)
             v = value[start:end].transpose(0, 1)
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale,
+            mask = None if mask is None else mask.to(q.device)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.scale,
                                                  enable_gqa=self.heads != self.groups)
             outputs.append(out.transpose(0, 1).reshape(end - start, -1))
         return torch.cat(outputs)
@@ -169,12 +178,12 @@ def block_causal_mask(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
     return (sequence[:, None] == sequence[None, :]) & (positions[:, None] >= positions[None, :])
 
 
-def packed_seq_params(lengths: list[int], device: torch.device,
-                      rotary_freqs: Optional[torch.Tensor] = None) -> PackedRotaryParams:
+def packed_seq_params(lengths: list[int], device: torch.device, rotary_freqs: Optional[torch.Tensor] = None,
+                      tree_masks: Optional[list[Optional[torch.Tensor]]] = None) -> PackedRotaryParams:
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
     longest = max(lengths)
     return PackedRotaryParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,
-                              max_seqlen_kv=longest, rotary_freqs=rotary_freqs)
+                              max_seqlen_kv=longest, rotary_freqs=rotary_freqs, tree_masks=tree_masks)
 
 
 def applies_rotary(model: torch.nn.Module) -> bool:
