@@ -127,7 +127,7 @@ def check_model(model_dir: str, vocab: int, what: str) -> None:
     from tests.trainer.test_parallel import synthetic_samples
     from tests.trainer.test_step import RecordingOptimizer
 
-    samples = synthetic_samples(6, vocab=vocab, seed=3)
+    samples = synthetic_samples(3, vocab=vocab, seed=3)  # a reward, a teacher, a top-k teacher
     results = {}
     for name, fused in (("plain", ()), ("fused", ("rmsnorm", "swiglu", "rope", "lmhead"))):
         policy = build_policy(model_dir, fused=fused)
