@@ -58,6 +58,10 @@ JUDGE = {
 # hour on 2 cores)
 ROWS = {"directive-16": ("directive", 16, {**RECIPES, **CONTRASTIVE}), "noisy-16": ("noisy", 16, RECIPES),
         "llm-16": ("llm", 16, RECIPES), "directive-48": ("directive", 48, RECIPES)}
+# what a row adds for every recipe of it: the rows not yet started when trainer.share_prefixes came train on prefix
+# trees (the same loss and gradients from about half the tokens: benchmarks/prefix_sharing.py); the first two
+# rows' runs all trained flat, so within every row the recipes train alike
+ROW_SETTINGS = {"llm-16": ("trainer.share_prefixes=true",), "directive-48": ("trainer.share_prefixes=true",)}
 
 
 def read_json(path: Path) -> dict:
@@ -122,7 +126,8 @@ def row_runs(row: str) -> dict[str, Run]:
         raise SystemExit("no users chosen yet: run `python benchmarks/learning_iv.py probe`, then `select`")
     users = read_json(users_file)["evaluation"]
     return {name: Run(OUT / row, name.replace(" ", "_"), REPO / "recipes" / recipe / "cpu_qwen05_lora.yaml",
-                      tuple(shared_settings(users, steps) + JUDGE[setting] + list(extra)))
+                      tuple(shared_settings(users, steps) + JUDGE[setting] + list(ROW_SETTINGS.get(row, ())) +
+                            list(extra)))
             for name, (recipe, extra) in runs.items()}
 
 

@@ -137,7 +137,6 @@ class VarlenCoreAttention(MegatronModule):
             q = query[start:end].transpose(0, 1)
             k = key[start:end].transpose(0, 1)
             v = value[start:end].transpose(0, 1)
-            mask = None if mask is None else mask.to(q.device)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.scale,
                                                  enable_gqa=self.heads != self.groups)
             outputs.append(out.transpose(0, 1).reshape(end - start, -1))
