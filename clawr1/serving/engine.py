@@ -140,6 +140,7 @@ class _Running:
     slot: int = -1  # KV pool slot while running
     retractions: int = 0  # times its KV cache was dropped (pause in retract mode, weight change)
     adapter: Optional[Adapter] = None  # its LoRA adapter, held until it finishes
+    cached_tokens: int = 0  # prompt tokens whose keys and values were copied from a request with the same tokens
 
 
 class Engine:
@@ -185,6 +186,7 @@ class Engine:
         self.steps = 0
         self.requests_total = 0
         self.tokens_total = 0
+        self.prompt_tokens_shared = 0  # prompt tokens copied, not computed (requests admitted with the same tokens)
         self._thread = threading.Thread(target=self._loop, name="engine-scheduler", daemon=True)
         self._thread.start()
 
@@ -415,8 +417,8 @@ class Engine:
                 r.slot = self.runner.cache.take(self._reserve(r))
                 admitted.append(r)
         decoding = [r for r in self._running if r.finish is None]
-        for r in admitted:
-            self._prefill(r)
+        for group in _same_tokens(admitted):
+            self._prefill(group)
         if decoding:
             tokens = torch.tensor([r.output_ids[-1] for r in decoding], device=self.device)
             with self._adapters_of(decoding):
@@ -425,22 +427,31 @@ class Engine:
         self._running = [r for r in self._running if r.finish is None]
         self.steps += 1
 
-    def _prefill(self, r: _Running) -> None:
-        """A new request's prompt, or a retracted one's prompt + output so far; then its next token."""
-        req = r.req
-        with self._adapters_of([r]):
-            hidden = self.runner.prefill(torch.tensor(req.input_ids + r.output_ids, device=self.device), r.slot)
-        if r.output_ids:  # retracted: its prompt log-probs were taken the first time
+    def _prefill(self, group: list[_Running]) -> None:
+        """Requests admitted together with the same tokens and adapter (a GRPO group's prompt, a judge's votes): the
+        first one's prompt (a retracted one's prompt + output so far) computed once, its keys and values copied
+        into the others' pages; then each one's next token."""
+        first = group[0]
+        ids = first.req.input_ids + first.output_ids
+        with self._adapters_of([first]):
+            hidden = self.runner.prefill(torch.tensor(ids, device=self.device), first.slot)
+        for r in group[1:]:
+            self.runner.cache.copy_prefix(first.slot, r.slot, len(ids))
+            r.cached_tokens = len(ids)
+            self.prompt_tokens_shared += len(ids)
+        sampling = []
+        for r in group:
+            req = r.req
+            if not r.output_ids:  # a retracted request's prompt log-probs were taken the first time
+                if req.return_logprob and 0 <= req.logprob_start_len < len(req.input_ids):
+                    self._prompt_logprobs(r, hidden)
+                if req.params.max_new_tokens == 0:
+                    self._finish(r, {"type": "length", "length": 0})
+                    continue
             self._running.append(r)
-            self._sample([r], self.runner.logits(hidden[-1:]))
-            return
-        if req.return_logprob and 0 <= req.logprob_start_len < len(req.input_ids):
-            self._prompt_logprobs(r, hidden)
-        if req.params.max_new_tokens == 0:
-            self._finish(r, {"type": "length", "length": 0})
-            return
-        self._running.append(r)
-        self._sample([r], self.runner.logits(hidden[-1:]))
+            sampling.append(r)
+        if sampling:
+            self._sample(sampling, self.runner.logits(hidden[-1:]).expand(len(sampling), -1))
 
     def _reserve(self, r: _Running) -> int:
         """The KV positions a request may fill: its prompt and every token it may still write, within the context."""
@@ -548,7 +559,7 @@ class Engine:
             "finish_reason": r.finish,
             "prompt_tokens": len(req.input_ids),
             "completion_tokens": len(ids),
-            "cached_tokens": 0,
+            "cached_tokens": r.cached_tokens,
             "num_retractions": r.retractions,
             "weight_version": str(r.versions[-1] if r.versions else self._version_of(r)),
             "weight_versions": _version_spans(r.versions),
@@ -566,6 +577,15 @@ class Engine:
 def _top(logp: torch.Tensor, k: int) -> list[list]:
     values, ids = logp.topk(min(k, logp.numel()))
     return [[v, i, None] for v, i in zip(values.tolist(), ids.tolist())]
+
+
+def _same_tokens(admitted: list[_Running]) -> list[list[_Running]]:
+    """The admitted requests grouped by (adapter, tokens to prefill), in order of arrival: a group's keys and values
+    are the same, so they are computed once."""
+    groups: dict[tuple, list[_Running]] = {}
+    for r in admitted:
+        groups.setdefault((id(r.adapter), tuple(r.req.input_ids), tuple(r.output_ids)), []).append(r)
+    return list(groups.values())
 
 
 def _tops(logp: torch.Tensor, ks: list[int]) -> list[Optional[list[list]]]:

@@ -78,6 +78,14 @@ class TokenPool:
         self.lengths[slot] = 0
         return slot
 
+    def copy_prefix(self, source: int, target: int, tokens: int) -> None:
+        """`target`'s first `tokens` keys and values (every layer) become `source`'s: a request with the same tokens."""
+        src, dst = self.positions[source][:tokens], self.positions[target][:tokens]
+        for keys, values in zip(self.keys, self.values):
+            keys[dst] = keys[src]
+            values[dst] = values[src]
+        self.lengths[target] = tokens
+
     def release(self, slot: int) -> None:
         self.free_pages.extend((self.positions[slot][::PAGE_TOKENS] // PAGE_TOKENS).tolist())
         self.positions[slot] = self.positions[slot][:0]

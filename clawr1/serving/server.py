@@ -223,6 +223,7 @@ def create_app(engine: Engine) -> FastAPI:
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
         rows = [("requests_total", "counter", engine.requests_total), ("generated_tokens_total", "counter", engine.tokens_total),
+                ("prompt_tokens_shared_total", "counter", engine.prompt_tokens_shared),
                 ("decode_steps_total", "counter", engine.steps), ("running_requests", "gauge", engine.load["running"]),
                 ("waiting_requests", "gauge", engine.load["waiting"]), ("weight_version", "gauge", engine.weight_version),
                 ("paused", "gauge", int(engine.paused)), ("kv_pool_free_tokens", "gauge", engine.kv_pool_free_tokens)]

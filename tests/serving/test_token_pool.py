@@ -139,3 +139,57 @@ def test_weights_that_do_not_fit_are_refused_with_the_keys_to_change(tmp_path):
     with pytest.raises(EngineMemoryError, match="serve.max_total_tokens"):
         size_pool(plan, budget_gb=8.0, fraction=0.85, pool_tokens=32 * 4096)
     assert size_pool(plan, budget_gb=8.0, fraction=0.85, pool_tokens=8192).pool_tokens == 8192
+
+
+def test_requests_admitted_with_the_same_tokens_are_prefilled_once_and_answer_as_if_alone(tiny_model):
+    """Four requests queued while the engine is paused are admitted in one step: three with the same prompt share
+    one prefill (their keys and values copied, cached_tokens says so), and each answers exactly what it answers
+    alone: the same greedy tokens and prompt log-probs, and a seeded sample its own seed's tokens."""
+    from transformers import AutoTokenizer
+
+    from clawr1.serving.engine import Engine, GenerateRequest, SamplingParams
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    same, other = tok("three plus four is")["input_ids"], tok("two plus two is")["input_ids"]
+
+    def request(ids: list[int], **params) -> GenerateRequest:
+        return GenerateRequest(list(ids), SamplingParams(max_new_tokens=12, ignore_eos=True, **params),
+                               return_logprob=True, logprob_start_len=0)
+
+    def run(engine: Engine, requests: list[GenerateRequest]) -> list[dict]:
+        done, results, lock = threading.Event(), {}, threading.Lock()
+
+        def on_event(i: int):
+            def record(event: dict) -> None:
+                if event["type"] == "done":
+                    with lock:
+                        results[i] = event
+                        if len(results) == len(requests):
+                            done.set()
+            return record
+
+        engine.pause("in_place")
+        for i, req in enumerate(requests):
+            engine.submit(req, on_event(i))
+        engine.resume()
+        assert done.wait(300), "requests did not finish"
+        return [results[i] for i in range(len(requests))]
+
+    batch = [request(same, temperature=0), request(same, temperature=0), request(same, sampling_seed=5),
+             request(other, temperature=0)]
+    shared = Engine(tiny_model, max_running=8, max_context=64)
+    alone = Engine(tiny_model, max_running=8, max_context=64)
+    try:
+        together = run(shared, batch)
+        separately = [run(alone, [request(r.input_ids, **(
+            {"temperature": 0} if r.params.greedy else {"sampling_seed": 5}))])[0] for r in batch]
+        saved = shared.prompt_tokens_shared
+    finally:
+        shared.stop()
+        alone.stop()
+    assert saved == 2 * len(same)
+    assert [r["meta_info"]["cached_tokens"] for r in together] == [0, len(same), len(same), 0]
+    for got, want in zip(together, separately):
+        assert got["output_ids"] == want["output_ids"]
+        assert got["meta_info"]["input_token_logprobs"] == want["meta_info"]["input_token_logprobs"]
+    assert together[0]["output_ids"] != together[3]["output_ids"]
