@@ -9,7 +9,8 @@ packings in the same run.
 lengths, LoRA slots and prefix sharing (tokens only, no text), and one whole batch of samples for the timing: the
 batch with the median token count. The timing builds the recipe's trainer (recipes/combined/cpu_qwen05_lora.yaml:
 LoRA rank 16, its micro-batch budget, one slot per user), takes one step with each packing from the same
-adapters, and reports seconds, tokens/s of the sample tokens, and the loss gap. One JSON line is printed last.
+adapters (after one untimed warm-up step of each on two samples), and reports seconds, tokens/s of the sample
+tokens, and the loss gap. One JSON line is printed last.
 """
 from __future__ import annotations
 
@@ -123,6 +124,9 @@ def timed_steps(batch: list[Sample], threads: int) -> dict:
             return {"grad_norm": 0.0, "lr": 0.0}
 
     budget, out = cfg.trainer.max_tokens_per_microbatch, {}
+    for share in (False, True):  # warm-up: the first step's one-time work (allocations, lazy init) is not timed
+        policy.share_prefixes = share
+        train_step(policy, Gradients(), copy.deepcopy(batch[:2]), cfg.algo, budget)
     for name, share in (("flat", False), ("tree", True)):
         policy.share_prefixes = share
         computed, parts = packed_tokens(batch, budget, share)
@@ -144,6 +148,7 @@ def main() -> None:
     ap.add_argument("run_dir", nargs="?", type=Path, help="extract: the run whose pool to read")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-timing", action="store_true", help="only count tokens (no model)")
+    ap.add_argument("--samples", type=int, default=0, help="time only the batch's first N samples (0: all)")
     args = ap.parse_args()
     if args.what == "extract":
         if args.run_dir is None:
@@ -151,6 +156,8 @@ def main() -> None:
         extract(args.run_dir)
         return
     batch = load_batch()
+    if args.samples:
+        batch = batch[:args.samples]
     result = {"benchmark": "prefix_sharing", "model": MODEL, "budget": recipe_budget(), **token_counts(),
               "timed_batch": {"samples": len(batch), "tokens": sum(len(s.tokens) for s in batch),
                               "response_tokens": sum(s.response_len for s in batch)}}
