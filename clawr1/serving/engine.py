@@ -471,7 +471,7 @@ class Engine:
         values = logp.gather(1, targets[:, None])[:, 0].tolist() if logp is not None else []
         r.input_logprobs = [[None, ids[s], None]] + [[v, t, None] for v, t in zip(values, ids[s + 1:])]
         if r.req.top_logprobs_num > 0:
-            r.input_top = [None] + ([_top(row, r.req.top_logprobs_num) for row in logp] if logp is not None else [])
+            r.input_top = [None] + (_tops(logp, [r.req.top_logprobs_num] * len(logp)) if logp is not None else [])
 
     def _sample(self, batch: list[_Running], logits: torch.Tensor) -> None:
         """One token for each request of the batch: temperatures, filters, draws and top log-probs as batch ops, then
@@ -572,11 +572,6 @@ class Engine:
                 meta["input_top_logprobs"] = r.input_top
                 meta["output_top_logprobs"] = r.output_top
         return {"text": text, "output_ids": list(ids), "meta_info": meta}
-
-
-def _top(logp: torch.Tensor, k: int) -> list[list]:
-    values, ids = logp.topk(min(k, logp.numel()))
-    return [[v, i, None] for v, i in zip(values.tolist(), ids.tolist())]
 
 
 def _same_tokens(admitted: list[_Running]) -> list[list[_Running]]:

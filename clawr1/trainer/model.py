@@ -228,7 +228,7 @@ def hidden_states(policy: Policy, packed: Packed) -> Tensor:
     emb = m.embedding(input_ids=ids, position_ids=pos)  # [T, 1, H]
     rotary = m.rotary_pos_emb(max(packed.lengths), packed_seq=True)  # [longest, 1, 1, dim]: angles by position
     if applies_rotary(m):  # each token's angles to our core attention, which rotates the whole pack at once
-        masks = None if packed.tree_masks is None else [m if m is None else m.to(device) for m in packed.tree_masks]
+        masks = None if packed.tree_masks is None else [t if t is None else t.to(device) for t in packed.tree_masks]
         params, rotary = packed_seq_params(packed.lengths, device, rotary_freqs=rotary[pos[0]], tree_masks=masks), None
     elif packed.tree_masks is not None:
         raise ValueError("trainer.share_prefixes needs the trainer's own core attention (megatron's local layers), "
