@@ -434,7 +434,8 @@ class PoolConfig(Section):
     max_pending: PositiveInt = Field(100_000, description="Refuse (nack, retry later) new samples beyond this "
                                      "backlog.")
     group_size: PositiveInt = Field(1, description="A group (same group_id) is batched once it has this many "
-                                    "samples, or once group_timeout_s has passed.")
+                                    "attempts (sessions: a multi-turn attempt's turns count once), or once "
+                                    "group_timeout_s has passed.")
     group_timeout_s: PositiveFloat = Field(60.0, description="A group is also batched once its first sample is "
                                            "this old.")
     segment_samples: PositiveInt = Field(

@@ -290,10 +290,12 @@ class SamplePool:
 
     # ------------------------------------------------------------ helpers
     def _whole_groups(self, fresh: list[str], batch_size: int) -> Optional[list[str]]:
-        """Complete groups (group_size samples, or waiting past the timeout) in arrival order, until the batch
-        holds at least batch_size samples; None if there are not enough yet. Groups are never split. A sample
-        that names no group (the judge gives it its own id as group id) is a complete group of one: nothing
-        else will join it, so it never waits for the timeout."""
+        """Complete groups (group_size attempts, or waiting past the timeout) in arrival order, until the batch
+        holds at least batch_size samples; None if there are not enough yet. Groups are never split. An attempt
+        is a session: a multi-turn episode's turns count once (they arrive together when the judge holds them for
+        the outcome), so a group is never taken with one attempt's turns and without the others'. A sample that
+        names no group (the judge gives it its own id as group id) is a complete group of one: nothing else will
+        join it, so it never waits for the timeout."""
         groups: dict[str, list[str]] = {}
         for sid in fresh:
             groups.setdefault(self.samples[sid].group_id, []).append(sid)
@@ -301,7 +303,8 @@ class SamplePool:
         for group_id, members in groups.items():
             first = min(self.samples[sid].created_at for sid in members)
             alone = members == [group_id]
-            if alone or len(members) >= self.group_size or now - first >= self.group_timeout_s:
+            attempts = {self.samples[sid].session_id or sid for sid in members}
+            if alone or len(attempts) >= self.group_size or now - first >= self.group_timeout_s:
                 chosen += members
                 if len(chosen) >= batch_size:
                     return chosen

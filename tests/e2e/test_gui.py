@@ -13,7 +13,8 @@ from collections import defaultdict
 import pytest
 from transformers import AutoTokenizer
 
-from clawr1.pool.store import read_samples
+from clawr1.pool.store import Lease, LedgerRecord, read_samples
+from clawr1.record_log import read_records
 from clawr1.tracking import read_metrics
 from envs.gui.actions import TOOL_NAMES
 from envs.gui.env import GuiEnv
@@ -43,11 +44,18 @@ def test_the_gui_recipe_runs_judged_grpo_groups_into_training(tiny_model, tmp_pa
         assert "The page:\nPage: " in prompt and re.search(r"\[ref=e\d+\]", prompt)  # the tree, ids and all
         assert instructions[s.task_id] in prompt
         sessions_of_group[s.group_id].add(s.session_id)
-    # GRPO: 2 attempts at each task. The groups the trainer took (2 steps of 2 groups) are whole; a group with
-    # one attempt can only be a worker's last, in flight when the run stopped (its served turns still reach the
-    # pool: the ledger), e.g. w0-e2 with its second attempt not yet served, after w0-e0 and w0-e1.
+    # GRPO: 2 attempts at each task. Every group the trainer took (the pool's leases) holds both attempts, however
+    # many turns each played; a group with one attempt in the pool can only be a worker's last, in flight when the
+    # run stopped (its served turns still reach the pool: the ledger), e.g. w0-e2 after w0-e0 and w0-e1.
     assert {len(sessions) for sessions in sessions_of_group.values()} <= {1, 2}
-    assert sum(len(sessions) == 2 for sessions in sessions_of_group.values()) >= 4
+    by_id = {s.sample_id: s for s in pool}
+    leases = [r for r in read_records(run_dir / "pool" / "ledger.log", LedgerRecord) if isinstance(r, Lease)]
+    assert len(leases) == 2
+    for lease in leases:
+        taken: dict[str, set[str]] = defaultdict(set)
+        for sid in lease.sample_ids:
+            taken[by_id[sid].group_id].add(by_id[sid].session_id)
+        assert taken and all(len(sessions) == 2 for sessions in taken.values()), taken
     last_of_worker: dict[str, int] = {}
     for group in sessions_of_group:
         worker, episode = group.split("-")[:2]

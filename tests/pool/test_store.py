@@ -98,6 +98,18 @@ def test_groups_are_batched_whole_and_only_when_complete_or_timed_out(tmp_path):
     assert [s.sample_id for s in pool.next_batch(req(2, size=2)).samples] == ["s5", "s7"]
 
 
+def test_a_multi_turn_attempt_counts_once_so_a_group_waits_for_its_other_attempts(tmp_path):
+    now = [100.0]
+    pool = SamplePool(tmp_path, max_staleness=4, fsync=False, group_size=2, group_timeout_s=30, clock=lambda: now[0])
+    turns = [grouped(i, "g", 99) for i in range(3)]
+    for turn, session in zip(turns, ["g-0", "g-0", "g-1"]):
+        turn.session_id = session
+    pool.add(turns[:2])  # attempt g-0's two turns: two samples, one attempt of 2
+    assert isinstance(pool.next_batch(req(0, size=2)), NoBatch)
+    pool.add(turns[2:])
+    assert [s.sample_id for s in pool.next_batch(req(0, size=2)).samples] == ["s0", "s1", "s2"]
+
+
 def test_ingested_logs_are_never_dropped_as_stale(tmp_path):
     pool = SamplePool(tmp_path, max_staleness=2, fsync=False)
     old_live, old_log = sample(0, version=0), sample(1, version=0)
