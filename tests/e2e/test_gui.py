@@ -8,17 +8,16 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from collections import defaultdict
 
 import pytest
 from transformers import AutoTokenizer
 
-from clawr1.pool.store import Lease, LedgerRecord, read_samples
-from clawr1.record_log import read_records
+from clawr1.pool.store import read_samples
 from clawr1.tracking import read_metrics
 from envs.gui.actions import TOOL_NAMES
 from envs.gui.env import GuiEnv
 from tests.conftest import REPO
+from tests.e2e.grpo_groups import assert_grpo_groups
 from tests.e2e.test_run import trainer_records
 from tests.envs.test_gui_env import _browser_missing
 
@@ -35,7 +34,6 @@ def test_the_gui_recipe_runs_judged_grpo_groups_into_training(tiny_model, tmp_pa
     assert len(pool) >= 8  # two batches of 4
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     instructions = {t.id: t.instruction for t in GuiEnv({}).tasks()}  # own tasks say theirs; MiniWoB++'s pages do
-    sessions_of_group: dict[str, set[str]] = defaultdict(set)
     for s in pool:
         assert s.reward in (1.0, -1.0)  # the page's verdict, on every turn (env_reward: all_turns)
         prompt = tokenizer.decode(s.tokens[:s.prompt_len])
@@ -43,26 +41,7 @@ def test_the_gui_recipe_runs_judged_grpo_groups_into_training(tiny_model, tmp_pa
         assert all(f'"{tool}"' in tools for tool in TOOL_NAMES)
         assert "The page:\nPage: " in prompt and re.search(r"\[ref=e\d+\]", prompt)  # the tree, ids and all
         assert instructions[s.task_id] in prompt
-        sessions_of_group[s.group_id].add(s.session_id)
-    # GRPO: 2 attempts at each task. Every group the trainer took (the pool's leases) holds both attempts, however
-    # many turns each played; a group with one attempt in the pool can only be a worker's last, in flight when the
-    # run stopped (its served turns still reach the pool: the ledger), e.g. w0-e2 after w0-e0 and w0-e1.
-    assert {len(sessions) for sessions in sessions_of_group.values()} <= {1, 2}
-    by_id = {s.sample_id: s for s in pool}
-    leases = [r for r in read_records(run_dir / "pool" / "ledger.log", LedgerRecord) if isinstance(r, Lease)]
-    assert len(leases) == 2
-    for lease in leases:
-        taken: dict[str, set[str]] = defaultdict(set)
-        for sid in lease.sample_ids:
-            taken[by_id[sid].group_id].add(by_id[sid].session_id)
-        assert taken and all(len(sessions) == 2 for sessions in taken.values()), taken
-    last_of_worker: dict[str, int] = {}
-    for group in sessions_of_group:
-        worker, episode = group.split("-")[:2]
-        last_of_worker[worker] = max(last_of_worker.get(worker, -1), int(episode[1:]))
-    for group, sessions in sessions_of_group.items():
-        worker, episode = group.split("-")[:2]
-        assert len(sessions) == 2 or int(episode[1:]) == last_of_worker[worker], group
+    assert_grpo_groups(run_dir, pool, attempts=2, steps=2)  # GRPO: 2 attempts at each task
     log = (run_dir / "logs" / "rollout.log").read_text()
     assert "Traceback" not in log
 

@@ -12,7 +12,6 @@ import asyncio
 import subprocess
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ from envs.agentic.agent import ToolOutcome, call_turn
 from envs.agentic.sandbox import available_backends
 from envs.swe.env import SweEnv
 from tests.conftest import REPO, make_config
+from tests.e2e.grpo_groups import assert_grpo_groups
 from tests.e2e.test_run import trainer_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not available_backends(), reason="no isolating sandbox backend")]
@@ -45,15 +45,13 @@ def test_the_swe_recipe_runs_graded_grpo_groups_into_training(tiny_model, tmp_pa
     assert len(pool) >= 4  # two batches of 4
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     tasks = {t.id: t for t in SweEnv({}).tasks()}
-    sessions_of_group: dict[str, set[str]] = defaultdict(set)
     for s in pool:
         assert s.reward in (1.0, -1.0)  # the grading outcome, on every turn (env_reward: all_turns)
         prompt = tokenizer.decode(s.tokens[:s.prompt_len])
         tools = prompt[prompt.index("<tools>"):prompt.index("</tools>")]  # the offered tools, in the template
         assert all(f'"{tool}"' in tools for tool in ("bash", "read_file", "str_replace", "write_file", "submit"))
         assert tasks[s.task_id].problem_statement.split()[0] in prompt
-        sessions_of_group[s.group_id].add(s.session_id)
-    assert {len(sessions) for sessions in sessions_of_group.values()} == {2}  # GRPO: 2 attempts at each task
+    assert_grpo_groups(run_dir, pool, attempts=2, steps=2)  # GRPO: 2 attempts at each task
 
 
 class FirstCallScripted:
