@@ -1,7 +1,8 @@
 """Learning IV's third judge (OpenClaw-RL's own: the base model as the `llm` judge) against the simulator's truth,
 before any run of its row: can it score the turns and write hints at all, and do they say what the users want?
 
-Plays real sessions of the row's users (envs/personal, the row's env args, one session at a time per user) with
+Plays real sessions of the row's users (envs/personal, the row's env args; an episode is --group-size sessions
+of one user at once, every user's episode at once) with
 the base model (adapter off: every adapter's state at step 0) through a gateway, as the row's first step does.
 Each assistant turn is then judged by the real judge (`clawr1.judge.llm.LlmJudge`, the row's judge config:
 `judge.prm=policy`, m evaluation and m hint votes on the serving engine's /generate) from what followed it, read as
@@ -73,7 +74,7 @@ class RecordingChat:
 
 
 class KeepingJudge(LlmJudge):
-    """The llm judge, keeping its votes' replies verbatim (one judge per turn)."""
+    """The llm judge, keeping its votes' replies verbatim (one judge per turn, so a turn's replies stay apart)."""
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
