@@ -72,7 +72,7 @@ def main() -> int:
     p.add_argument("--rows", default=",".join(ROWS), help=f"rows to run, in this order (default: all: {list(ROWS)})")
     p.add_argument("--runs", type=int, default=None,
                    help="stop after this many runs have trained (a 16-step run is 80-110 minutes on 2 cores, a "
-                   "48-step one about 4.5 hours; default: all)")
+                   "48-step one about 3 hours; default: all)")
     args = p.parse_args()
     if args.command == "probe":
         probe_users()
